@@ -1,0 +1,124 @@
+"""Owns running one attempt: launch, pump its output, react to live events, stop it, report.
+
+Runs on the decision loop's thread; only the pumps are threads. Live reactions are few and prompt:
+a live fault (NaN loss) or a stop request stops the whole process group at once; a completed state
+is validated and entered in the ledger as soon as its last file is announced.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import queue
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from . import process
+from .faults import Evidence, ExitInfo, FaultScanner, classify_exit
+from .matchers import Progress
+from .observe import Observations, OutputParser
+from .pump import AttemptLog, Pump
+
+
+@dataclass
+class AttemptResult:
+    exit_code: int | None
+    signal: int | None
+    obs: Observations
+    fault: str | None
+    evidence: Evidence | None
+    uptime_s: float
+    stopped_live: str | None  # the live fault we stopped it for
+    stop_signal: int | None  # trainsup was asked to stop
+    nan_progress_step: int | None  # attempt-relative bar step where the loss first showed NaN
+
+
+@dataclass
+class AttemptHooks:
+    on_state_done: Callable[[str, Observations], None]
+    on_progress: Callable[[Progress], None]
+    on_evidence: Callable[[Evidence], None]
+    is_live: Callable[[str], bool]
+    success_fallback: Callable[[], bool]  # e.g. the final weights were written during this attempt
+
+
+def run_attempt(argv: list[str], env: dict[str, str], cwd: Path, log_path: Path, scanner: FaultScanner,
+                events: queue.Queue[tuple[str, Any]], hooks: AttemptHooks, grace_s: float,
+                pump_wait_s: float, echo: bool, spawn: Callable[..., process.Child] = process.spawn,
+                clock: Callable[[], float] = time.monotonic) -> AttemptResult:
+    log = AttemptLog(log_path)
+    parser = OutputParser(events, scanner)
+    child = spawn(argv, env, cwd)
+    assert child.popen.stdout is not None and child.popen.stderr is not None
+    pumps = [Pump("stdout", child.popen.stdout, log, 1 if echo else None, parser),
+             Pump("stderr", child.popen.stderr, log, 2 if echo else None, parser)]
+    for p in pumps:
+        p.start()
+    started = clock()
+    eofs = 0
+    exited_at: float | None = None
+    stopped_live: str | None = None
+    stop_signal: int | None = None
+    nan_step: int | None = None
+    killed = False
+    try:
+        while True:
+            try:
+                kind, payload = events.get(timeout=0.1)
+            except queue.Empty:
+                kind, payload = "", None
+            if kind == "eof":
+                eofs += 1
+            elif kind == "signal":
+                stop_signal = int(payload)
+                if not killed:
+                    process.stop_tree(child, grace_s)
+                    killed = True
+            elif kind == "progress":
+                if nan_step is None and payload.loss is not None and math.isnan(payload.loss):
+                    nan_step = payload.step
+                hooks.on_progress(payload)
+            elif kind == "state_done":
+                hooks.on_state_done(payload, parser.obs)
+            elif kind == "evidence":
+                hooks.on_evidence(payload)
+                if hooks.is_live(payload.fault) and not killed and stopped_live is None:
+                    stopped_live = payload.fault
+                    process.stop_tree(child, grace_s)
+                    killed = True
+            if exited_at is None and child.popen.poll() is not None:
+                exited_at = clock()
+            if exited_at is not None:
+                if eofs >= 2 and events.empty():
+                    break
+                if clock() - exited_at > pump_wait_s and not killed:
+                    # Something still holds the pipes (an orphaned worker): end the whole group.
+                    process.stop_tree(child, grace_s)
+                    killed = True
+    finally:
+        if not killed:
+            process.stop_tree(child, 0.0 if child.popen.poll() is not None else grace_s)
+        for p in pumps:
+            p.join(timeout=5)
+        log.close()
+    exit_code, sig = process.exit_signal(child.popen.returncode)
+    obs = parser.obs
+    uptime = (exited_at or clock()) - started
+    success = obs.success_seen or (exit_code == 0 and hooks.success_fallback())
+    info = ExitInfo(exit_code, sig, obs.child_status, obs.child_signal, success)
+    if stop_signal is not None:
+        fault = None
+    elif stopped_live is not None:
+        fault = stopped_live
+    else:
+        fault = classify_exit(info, scanner.verdict)
+    return AttemptResult(exit_code, sig, obs, fault, scanner.verdict, uptime, stopped_live, stop_signal,
+                         nan_step)
+
+
+def merged_env(base: dict[str, str] | os._Environ[str], overrides: dict[str, str]) -> dict[str, str]:
+    env = dict(base)
+    env.update(overrides)
+    return env

@@ -1,0 +1,67 @@
+"""Owns the command line: argument parsing, signal handlers, exit codes. The only place that exits.
+
+Exit codes of ``trainsup run``: 0 training finished; 2 bad usage or policy; 3 gave up after the
+restart budget; 4 stopped on a fault a restart cannot fix; 130/143 stopped by SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from . import __version__
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="trainsup", description="Supervise kohya-style training runs.")
+    parser.add_argument("--version", action="version", version=f"trainsup {__version__}")
+    sub = parser.add_subparsers(dest="verb", required=True)
+    run = sub.add_parser("run", help="launch a training command and bring it back from known faults",
+                         usage="trainsup run [--policy FILE] [--run-dir DIR] [--quiet] -- COMMAND...")
+    run.add_argument("--policy", type=Path, help="YAML policy (see config.example.yaml)")
+    run.add_argument("--run-dir", type=Path, help="where logs and the journal go "
+                     "(default: OUTPUT_DIR/.trainsup, or ./.trainsup)")
+    run.add_argument("--quiet", action="store_true", help="do not pass the trainer's output through")
+    run.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
+    demo = sub.add_parser("demo", help="run the built-in demo: four real faults, detected and recovered")
+    demo.add_argument("--keep", type=Path, help="keep the demo's files in this directory")
+    demo.add_argument("--verbose", action="store_true", help="show the trainer's own output")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.verb == "run":
+        return _run(args)
+    if args.verb == "demo":
+        from .demo.story import run_demo
+
+        return run_demo(args.keep, args.verbose)
+    return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .engine import RunSpec, Supervisor, install_signal_handlers
+    from .policy import PolicyError, load_policy
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        print("trainsup run: error: give the training command after `--`", file=sys.stderr)
+        return 2
+    try:
+        policy = load_policy(args.policy)
+    except PolicyError as exc:
+        print(f"trainsup run: error: {exc}", file=sys.stderr)
+        return 2
+    spec = RunSpec(tuple(command), Path.cwd(), args.run_dir, dict(os.environ), not args.quiet)
+    supervisor = Supervisor(spec, policy)
+    install_signal_handlers(supervisor)
+    return supervisor.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Owns the pure decision after an attempt ends: finish, restart with which rung, stop, or give up.
+
+``decide(history, outcome, policy, now, applicable)`` does no I/O; ``applicable`` tells whether a
+rung would change anything for this command (the engine dry-runs it on a copy of the plan).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Literal
+
+from .policy import Policy
+from .remedies import NOT_RESTARTABLE, Rung, ladder
+
+EXIT_FINISHED = 0
+EXIT_USAGE = 2
+EXIT_GAVE_UP = 3
+EXIT_STOPPED = 4
+
+
+@dataclass(frozen=True)
+class Outcome:
+    attempt: int
+    exit_code: int | None
+    signal: int | None
+    child_status: int | None
+    child_signal: int | None
+    uptime_s: float
+    fault: str | None  # None: training finished
+    evidence: str | None
+    evidence_line: int | None
+    steps_trained: int  # optimizer steps this attempt made
+    saved_new_state: bool
+    ended_at: float  # the clock of the decision loop
+    stop_signal: int | None = None  # trainsup itself was told to stop
+
+
+@dataclass
+class History:
+    outcomes: list[Outcome] = field(default_factory=list)
+    restarts_at: list[float] = field(default_factory=list)
+    next_rung: dict[str, int] = field(default_factory=dict)
+    failures_since_state: int = 0  # drives the backoff; a newly saved state resets it
+    quick_exits: int = 0
+
+
+Kind = Literal["finish", "restart", "stop", "give_up", "signal"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    kind: Kind
+    exit_code: int | None = None
+    reason: str = ""
+    rung: Rung | None = None
+    rung_index: int | None = None
+    delay_s: float = 0.0
+    quick: bool = False  # the attempt died before training a step, fast, on a plain restart
+
+
+def decide(history: History, outcome: Outcome, policy: Policy, now: float,
+           applicable: Callable[[Rung], bool]) -> Decision:
+    if outcome.stop_signal is not None:
+        return Decision("signal", 128 + outcome.stop_signal, f"stopped by signal {outcome.stop_signal}")
+    if outcome.fault is None:
+        return Decision("finish", 0, "training finished")
+    fault = outcome.fault
+    if fault in NOT_RESTARTABLE:
+        return Decision("stop", EXIT_STOPPED, _stop_reason(fault, ladder(fault)[0]))
+
+    recent = [t for t in history.restarts_at if now - t < policy.restart_window_s]
+    if len(recent) >= policy.restart_max:
+        return Decision("give_up", EXIT_GAVE_UP,
+                        f"restart budget exhausted: {len(recent)} restarts within "
+                        f"{policy.restart_window_s:g} s (restart.max={policy.restart_max}); last fault {fault}")
+
+    rungs = ladder(fault)
+    index = history.next_rung.get(fault, 0)
+    while index < len(rungs) and not rungs[index].repeat and not applicable(rungs[index]):
+        index += 1
+    if index >= len(rungs):
+        return Decision("stop", EXIT_STOPPED, f"{fault}: no remedy left that changes this command")
+    rung = rungs[index]
+    if any(a.kind == "stop" for a in rung.actions):
+        return Decision("stop", EXIT_STOPPED, _stop_reason(fault, rung), rung, index)
+
+    quick = outcome.uptime_s < policy.min_uptime_s and outcome.steps_trained == 0
+    if quick and rung.repeat and history.quick_exits + 1 >= policy.max_quick_exits:
+        return Decision("give_up", EXIT_GAVE_UP,
+                        f"exited too quickly {history.quick_exits + 1} times in a row "
+                        f"(under {policy.min_uptime_s:g} s, no step trained); last fault {fault}")
+    failures = 0 if outcome.saved_new_state else history.failures_since_state
+    delay = min(policy.backoff_max_s, policy.backoff_initial_s * policy.backoff_factor ** failures)
+    return Decision("restart", None, f"{fault}: {rung.describe()}", rung, index, delay, quick and rung.repeat)
+
+
+def record(history: History, outcome: Outcome, decision: Decision, now: float) -> None:
+    """Fold an outcome and the decision taken into the history (the engine calls this once each)."""
+    history.outcomes.append(outcome)
+    if decision.kind != "restart" or decision.rung is None or decision.rung_index is None:
+        return
+    history.restarts_at.append(now)
+    fault = outcome.fault or "unknown"
+    history.next_rung[fault] = decision.rung_index if decision.rung.repeat else decision.rung_index + 1
+    history.failures_since_state = 1 if outcome.saved_new_state else history.failures_since_state + 1
+    history.quick_exits = history.quick_exits + 1 if decision.quick else 0
+
+
+def _stop_reason(fault: str, rung: Rung) -> str:
+    for action in rung.actions:
+        if action.kind == "stop" and action.value:
+            return f"{fault}: {action.value}"
+    return fault

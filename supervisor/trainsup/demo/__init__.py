@@ -1,0 +1,1 @@
+"""A tiny kohya-compatible trainer (real torch on CPU) used by `trainsup demo` and the tests."""

@@ -1,0 +1,374 @@
+"""Owns the supervise loop: attempts, decisions, remedies, resume points, and the run's end.
+
+One event queue and one decision loop; threads only produce events. Each attempt after the first,
+and any attempt that resumes, writes under its own ``--output_name`` (``NAME-trainsupN``): kohya
+labels post-resume saves with wrong step numbers and would otherwise overwrite earlier states and
+weights. The ledger maps every state to its absolute step, and the final weights are published
+where the user's command puts them.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import math
+import os
+import queue
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from . import process
+from .attempt import AttemptHooks, AttemptResult, merged_env, run_attempt
+from .decide import EXIT_STOPPED, Decision, History, Outcome, decide, record
+from .fault_rules import BUILTIN_RULES
+from .faults import Evidence, FaultScanner
+from .interpreter import run_upgrade, trainer_python, upgrade_command
+from .journal import Journal
+from .ledger import AttemptRecord, Ledger, StateRecord, label_offset
+from .matchers import Progress
+from .observe import Observations
+from .plan import LaunchPlan, apply_action
+from .policy import Policy
+from .fsutil import publish_copy
+from .prepare import Prepared, UsageError, default_run_dir, prepare
+from .profile import final_weights_name, parse_state_name, state_dir_names
+from .remedies import Rung
+from .runstate import RunState, check_transition
+from .states import check_state, state_dirs
+from .weights import has_non_finite
+
+CHILD_ENV_DEFAULTS = {"COLUMNS": "250", "PYTHONUNBUFFERED": "1"}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    argv: tuple[str, ...]
+    cwd: Path
+    run_dir: Path | None = None
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    echo: bool = True  # pass the child's output through to our stdout/stderr
+
+
+class Supervisor:
+    def __init__(self, spec: RunSpec, policy: Policy, *, clock: Callable[[], float] = time.monotonic,
+                 spawn: Callable[..., process.Child] = process.spawn) -> None:
+        self.spec = spec
+        self.policy = policy
+        self.clock = clock
+        self.spawn = spawn
+        self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.state = RunState.STARTING
+        self.stop_signal: int | None = None
+        self.rules = BUILTIN_RULES + tuple(policy.rules)
+        self._live = {r.id for r in self.rules if getattr(r, "live", False)}
+
+    # --- signals: handlers only record -----------------------------------------------------------
+    def request_stop(self, signum: int) -> None:
+        self.stop_signal = signum
+        self.events.put(("signal", signum))
+
+    # --- the run ---------------------------------------------------------------------------------
+    def run(self) -> int:
+        try:
+            self.prepared = prepare(list(self.spec.argv), self.spec.cwd, self.policy)
+        except UsageError as exc:
+            self.say(f"error: {exc}")
+            return 2
+        p = self.prepared
+        self.run_dir = (self.spec.run_dir or default_run_dir(p, self.spec.cwd)).resolve()
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._lock = open(self.run_dir / "lock", "w")
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.say(f"error: another trainsup run holds {self.run_dir}")
+            return 2
+        except OSError as exc:
+            self.say(f"error: cannot use run dir {self.run_dir}: {exc}")
+            return 2
+        self.journal = Journal(self.run_dir)
+        self.ledger = Ledger(self.run_dir / "ledger.json")
+        self.history = History()
+        first = 1 + sum(1 for _ in self.run_dir.glob("attempt-*.log"))
+        self.journal.event("run_start", argv=list(self.spec.argv), run_dir=str(self.run_dir),
+                           policy=self.policy.source)
+        for note in p.notes:
+            self.say(note)
+            self.journal.event("plan_adjusted", note=note)
+        if p.user_resume is not None and not self._adopt_user_resume(p.user_resume):
+            return self._end(Decision("stop", EXIT_STOPPED, f"config_error: --resume {p.user_resume} "
+                                      "is not a complete state"))
+        plan = p.plan
+        attempt = first
+        while True:
+            resume = self._newest_state()
+            result, launch = self._launch(attempt, plan, resume, first)
+            if result is None:
+                return self._end(launch)  # could not start at all
+            outcome = self._outcome(attempt, result, resume)
+            decision = decide(self.history, outcome, self.policy, self.clock(),
+                              lambda rung: self._applicable(plan, rung))
+            record(self.history, outcome, decision, self.clock())
+            self._transition(RunState.STOPPING)
+            if decision.kind != "restart":
+                return self._end(decision, attempt)
+            self._transition(RunState.REMEDYING)
+            plan, stop = self._remedy(plan, decision, outcome, result)
+            if stop is not None:
+                return self._end(stop)
+            self._transition(RunState.BACKOFF)
+            if self._backoff(decision.delay_s):
+                return self._end(Decision("signal", 128 + (self.stop_signal or 15),
+                                          f"stopped by signal {self.stop_signal}"))
+            self._transition(RunState.STARTING)
+            attempt += 1
+
+    # --- one launch ------------------------------------------------------------------------------
+    def _launch(self, attempt: int, plan: LaunchPlan, resume: StateRecord | None,
+                first: int) -> tuple[AttemptResult | None, Decision]:
+        p = self.prepared
+        launch = plan.copy()
+        cmd = launch.command
+        own_name = attempt == first and resume is None and p.user_resume is None
+        output_name = p.output_name if own_name else f"{p.output_name or 'last'}-trainsup{attempt}"
+        if not own_name:
+            cmd.set("output_name", output_name)
+        if resume is not None:
+            cmd.set("resume", resume.dir)
+            cmd.set("skip_until_initial_step")
+            cmd.set("initial_step", str(resume.step))
+        else:
+            cmd.remove("resume")
+            cmd.remove("initial_step")
+        launch.write_derived_config(self.run_dir, attempt)
+        resume_step = resume.step if resume else 0
+        self.ledger.attempts.append(AttemptRecord(attempt, output_name, resume_step,
+                                                  0 if resume is None else None))
+        self.ledger.save()
+        argv = cmd.argv()
+        env = merged_env(self.spec.env, {k: v for k, v in CHILD_ENV_DEFAULTS.items()
+                                         if k not in self.spec.env})
+        env.update(launch.env)
+        self.attempt_no, self.attempt_started_wall, self.resume_step = attempt, time.time(), resume_step
+        self.attempt_output_name = output_name
+        self.journal.event("attempt_start", attempt=attempt, argv=argv,
+                           resume_from=resume.dir if resume else None, resume_step=resume_step,
+                           env=launch.env)
+        self.say(f"state=starting attempt={attempt} resume_from={resume.dir if resume else None} "
+                 f"step={resume_step}")
+        self.journal.status(state="running", attempt=attempt, step=resume_step,
+                            total=p.max_train_steps, run_dir=str(self.run_dir))
+        self._transition(RunState.RUNNING)
+        hooks = AttemptHooks(self._on_state_done, self._on_progress, self._on_evidence,
+                             lambda fault: fault in self._live, self._final_written)
+        try:
+            result = run_attempt(argv, env, self.spec.cwd, self.run_dir / f"attempt-{attempt}.log",
+                                 FaultScanner(self.rules), self.events, hooks, self.policy.stop_grace_s,
+                                 self.policy.pump_wait_s, self.spec.echo, self.spawn, self.clock)
+        except process.LaunchError as exc:
+            self._transition(RunState.STOPPING)
+            return None, Decision("stop", EXIT_STOPPED, f"config_error: {exc}")
+        return result, Decision("restart")
+
+    def _outcome(self, attempt: int, r: AttemptResult, resume: StateRecord | None) -> Outcome:
+        self._collect_states(attempt, r.obs)
+        saving = r.obs.saving_state_label
+        if r.fault == "fp8_serializer" and saving is not None:
+            # The save that raised left a partial state: it must never be resumed from.
+            step_name = state_dir_names(self.attempt_output_name)[0]
+            bad = self._output_dir() / f"{step_name}-step{saving:08d}-state"
+            self.ledger.mark_bad(bad)
+        trained = r.obs.progress.step if r.obs.progress else 0
+        self.nan_abs_step = None if r.nan_progress_step is None else self.resume_step + r.nan_progress_step
+        ev = r.evidence
+        self.journal.event("attempt_end", attempt=attempt, exit_code=r.exit_code, signal=r.signal,
+                           child_status=r.obs.child_status, child_signal=r.obs.child_signal,
+                           uptime_s=round(r.uptime_s, 3), steps_trained=trained,
+                           step=self.resume_step + trained, skipped_lines=r.obs.skipped_lines)
+        if r.fault is not None:
+            self.journal.event("fault", **{"class": r.fault}, evidence=ev.line if ev else None,
+                               line=ev.lineno if ev else None, attempt=attempt)
+            self.say(f"fault={r.fault} attempt={attempt} evidence={ev.line.strip()[:200] if ev else None!r}")
+            self.journal.status(last_fault=r.fault)
+        saved_new = any(s.attempt == attempt for s in self.ledger.states)
+        return Outcome(attempt, r.exit_code, r.signal, r.obs.child_status, r.obs.child_signal, r.uptime_s,
+                       r.fault, ev.line if ev else None, ev.lineno if ev else None, trained, saved_new,
+                       self.clock(), r.stop_signal)
+
+    # --- live hooks ------------------------------------------------------------------------------
+    def _on_progress(self, progress: Progress) -> None:
+        loss = None if progress.loss is None or math.isnan(progress.loss) else progress.loss
+        self.journal.status(step=self.resume_step + progress.step, total=self.prepared.max_train_steps,
+                            loss=loss, rate=progress.rate)
+
+    def _on_evidence(self, evidence: Evidence) -> None:
+        if evidence.fault in self._live:
+            self.journal.event("fault_live", **{"class": evidence.fault}, evidence=evidence.line,
+                               line=evidence.lineno, attempt=self.attempt_no)
+
+    def _on_state_done(self, path: str, obs: Observations) -> None:
+        self._collect_states(self.attempt_no, obs, only=Path(path))
+
+    def _final_written(self) -> bool:
+        f = self._output_dir() / final_weights_name(self.attempt_output_name)
+        try:
+            return f.stat().st_mtime >= self.attempt_started_wall
+        except OSError:
+            return False
+
+    # --- states and the ledger -------------------------------------------------------------------
+    def _output_dir(self) -> Path:
+        return self.prepared.output_dir or self.spec.cwd
+
+    def _collect_states(self, attempt: int, obs: Observations, only: Path | None = None) -> None:
+        """Enter this attempt's complete states in the ledger (disk is the truth, lines are hints)."""
+        rec = self.ledger.attempt(attempt)
+        if rec.offset is None and obs.batches_per_epoch:
+            rec.offset = label_offset(rec.resume_step, True, obs.batches_per_epoch, obs.grad_accum or 1)
+        names = set(state_dir_names(rec.output_name)[:2]) | {state_dir_names(rec.output_name)[2][:-6]}
+        candidates = [only] if only is not None else state_dirs(self._output_dir(), names)
+        for path in candidates:
+            parsed = parse_state_name(path.name)
+            if parsed is None or parsed[0] not in names or self.ledger.step_of(path) is not None:
+                continue
+            check = check_state(path, need_scaler=self.prepared.plan.command.get("mixed_precision") == "fp16")
+            if not check.ok or check.label_step is None:
+                continue
+            state = self.ledger.record_state(path, attempt, check.label_step)
+            if state is not None:
+                self.journal.event("state_saved", dir=state.dir, step=state.step, label=state.label,
+                                   attempt=attempt)
+                self.say(f"state_saved step={state.step} dir={state.dir}")
+
+    def _adopt_user_resume(self, path: Path) -> bool:
+        check = check_state(path)
+        if not check.ok or check.label_step is None:
+            self.say(f"error: --resume {path}: {check.reason}")
+            return False
+        self.ledger.states.append(StateRecord(str(path), check.label_step, 0, check.label_step))
+        self.journal.event("state_adopted", dir=str(path), step=check.label_step)
+        return True
+
+    def _newest_state(self) -> StateRecord | None:
+        limit = getattr(self, "nan_abs_step", None)
+        best: StateRecord | None = None
+        for state in self.ledger.states:
+            if state.dir in self.ledger.bad_states or (limit is not None and state.step >= limit):
+                continue
+            if best is not None and (state.step, state.attempt) <= (best.step, best.attempt):
+                continue
+            path = Path(state.dir)
+            if not check_state(path).ok:
+                continue
+            if limit is not None and has_non_finite(path / "model.safetensors"):
+                self.ledger.mark_bad(path)
+                continue
+            best = state
+        return best
+
+    # --- remedies --------------------------------------------------------------------------------
+    def _applicable(self, plan: LaunchPlan, rung: Rung) -> bool:
+        """Whether the rung would do anything here (dry run on a copy of the plan)."""
+        trial = plan.copy()
+        for action in rung.actions:
+            if action.kind in ("restart", "upgrade", "stop"):
+                return True
+            try:
+                if apply_action(trial, action) is not None:
+                    return True
+            except (ValueError, OSError):
+                continue
+        return False
+
+    def _remedy(self, plan: LaunchPlan, decision: Decision, outcome: Outcome,
+                result: AttemptResult) -> tuple[LaunchPlan, Decision | None]:
+        assert decision.rung is not None
+        new = plan.copy()
+        done: list[str] = []
+        for action in decision.rung.actions:
+            if action.kind == "upgrade":
+                spec = action.name
+                if outcome.evidence and "unexpected keyword argument 'device'" in outcome.evidence:
+                    spec = "safetensors>=0.4.3"  # the resume-side failure needs the later release
+                stop = self._upgrade(new, spec)
+                if stop is not None:
+                    return plan, stop
+                done.append(f"upgraded {spec}")
+                continue
+            change = apply_action(new, action)
+            if change is not None:
+                done.append(change)
+        self.journal.event("remedy", **{"class": outcome.fault}, rung=decision.rung_index, actions=done,
+                           delay_s=round(decision.delay_s, 3))
+        self.say(f"remedy class={outcome.fault} rung={decision.rung_index} actions={'; '.join(done)} "
+                 f"backoff={decision.delay_s:g}s")
+        return new, None
+
+    def _upgrade(self, plan: LaunchPlan, spec: str) -> Decision | None:
+        python = trainer_python(plan.command.launcher, dict(self.spec.env))
+        command = " ".join(upgrade_command(python or "<trainer's python>", f'"{spec}"'))
+        if python is None:
+            return Decision("stop", EXIT_STOPPED, f"fp8_serializer: cannot tell which Python runs the "
+                            f"trainer; run: {command}")
+        if not self.policy.allow_upgrade:
+            return Decision("stop", EXIT_STOPPED, f"fp8_serializer: the trainer's safetensors is too old "
+                            f"and the policy forbids upgrades; run: {command}")
+        self.say(f"upgrading the trainer's serializer (environment.allow_upgrade=true): {command}")
+        rc = run_upgrade(python, spec, self.run_dir / f"upgrade-{self.attempt_no}.log")
+        self.journal.event("environment_upgrade", python=python, spec=spec, exit_code=rc)
+        if rc != 0:
+            return Decision("stop", EXIT_STOPPED, f"fp8_serializer: `{command}` failed (exit {rc})")
+        return None
+
+    # --- waiting and ending ----------------------------------------------------------------------
+    def _backoff(self, delay: float) -> bool:
+        """Wait ``delay`` seconds; True when a stop signal arrived meanwhile."""
+        deadline = self.clock() + delay
+        while self.stop_signal is None:
+            left = deadline - self.clock()
+            if left <= 0:
+                return False
+            try:
+                kind, _ = self.events.get(timeout=min(left, 0.2))
+            except queue.Empty:
+                continue
+        return True
+
+    def _end(self, decision: Decision, attempt: int | None = None) -> int:
+        code = decision.exit_code if decision.exit_code is not None else EXIT_STOPPED
+        if decision.kind == "finish":
+            final = self._publish_final()
+            self.journal.event("finished", reason=decision.reason, final_weights=final, attempt=attempt)
+            self.state = RunState.FINISHED
+            self.say(f"state=finished final_weights={final}")
+        else:
+            self.journal.event("gave_up", reason=decision.reason, exit_code=code, attempt=attempt)
+            self.state = RunState.GAVE_UP if decision.kind == "give_up" else RunState.STOPPED
+            self.say(f"state={self.state.value} exit={code} reason={decision.reason}")
+        self.journal.status(state=self.state.value, exit_code=code, reason=decision.reason)
+        self.journal.close()
+        return code
+
+    def _publish_final(self) -> str | None:
+        """Put the final weights where the user's command says, when a renamed attempt wrote them."""
+        p = self.prepared
+        want = self._output_dir() / final_weights_name(p.output_name)
+        got = self._output_dir() / final_weights_name(self.attempt_output_name)
+        if got != want and got.exists():
+            publish_copy(got, want)
+            self.journal.event("final_published", src=str(got), dst=str(want))
+        return str(want) if want.exists() else None
+
+    def _transition(self, new: RunState) -> None:
+        self.state = check_transition(self.state, new)
+
+    def say(self, message: str) -> None:
+        print(f"trainsup: {message}", file=sys.stderr, flush=True)
+
+
+def install_signal_handlers(supervisor: Supervisor) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, _frame: supervisor.request_stop(signum))

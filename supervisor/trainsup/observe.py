@@ -1,0 +1,116 @@
+"""Owns what one attempt's output tells: progress, saved states, fault evidence, the real exit status.
+
+Fed by the pump threads (``ChunkSink``); posts the events the decision loop must act on into its
+queue and keeps the rest as ``Observations`` for the end of the attempt. Lines from both streams go
+through one ``FaultScanner`` in arrival order, so a traceback and the launcher noise after it are
+seen in the order the trainer printed them.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import matchers
+from .faults import Evidence, FaultScanner, parse_child_status
+from .linetext import clean_line
+from .splitter import LineSplitter
+
+MAX_LINES_PER_CHUNK = 4000
+
+# Cheap substring gates: only lines holding one of these reach a matcher.
+_BOOKKEEPING = ("Random states saved", "saving state at step", "model saved.",
+                "resume training from", "num batches per epoch", "gradient accumulation steps",
+                "exit status", "died with", "exitcode")
+
+
+@dataclass
+class Observations:
+    lines: int = 0
+    skipped_lines: int = 0
+    truncated_lines: int = 0
+    progress: matchers.Progress | None = None
+    success_seen: bool = False
+    batches_per_epoch: int | None = None
+    grad_accum: int | None = None
+    child_status: int | None = None
+    child_signal: int | None = None
+    states_completed: list[str] = field(default_factory=list)
+    saving_state_label: int | None = None  # the trainer's label of a state save in progress
+    evidence: list[Evidence] = field(default_factory=list)
+
+
+class OutputParser:
+    """Thread-safe: both pump threads call ``feed``; the loop reads ``obs`` after the child ended."""
+
+    def __init__(self, events: queue.Queue[tuple[str, Any]], scanner: FaultScanner) -> None:
+        self.events = events
+        self.scanner = scanner
+        self.obs = Observations()
+        self._splitters: dict[str, LineSplitter] = {}
+        self._lock = threading.Lock()
+
+    def feed(self, stream: str, chunk: bytes) -> None:
+        with self._lock:
+            splitter = self._splitters.setdefault(stream, LineSplitter())
+            lines = splitter.feed(chunk)
+            self.obs.truncated_lines = sum(s.truncated_lines for s in self._splitters.values())
+            if len(lines) > MAX_LINES_PER_CHUNK:
+                skipped = len(lines) - MAX_LINES_PER_CHUNK
+                self.obs.skipped_lines += skipped
+                self.obs.lines += skipped
+                lines = lines[skipped:]
+            self._lines(lines)
+
+    def end(self, stream: str) -> None:
+        with self._lock:
+            splitter = self._splitters.get(stream)
+            if splitter is not None:
+                self._lines(splitter.flush())
+        self.events.put(("eof", stream))
+
+    def _lines(self, lines: list[str]) -> None:
+        newest_progress = None
+        for line in lines:
+            self.obs.lines += 1
+            if "steps:" in line:
+                progress = matchers.parse_progress(line)
+                if progress is not None:
+                    newest_progress = progress
+            elif any(gate in line for gate in _BOOKKEEPING):
+                self._bookkeeping(clean_line(line))
+            evidence = self.scanner.feed(line, self.obs.lines)
+            if evidence is not None:
+                self.obs.evidence.append(evidence)
+                self.events.put(("evidence", evidence))
+        if newest_progress is not None:
+            self.obs.progress = newest_progress
+            self.events.put(("progress", newest_progress))
+
+    def _bookkeeping(self, line: str) -> None:
+        obs = self.obs
+        state_dir = matchers.state_completed(line)
+        if state_dir is not None:
+            obs.states_completed.append(state_dir)
+            self.events.put(("state_done", state_dir))
+            return
+        label = matchers.state_started(line)
+        if label is not None:
+            obs.saving_state_label = label
+            return
+        if matchers.is_success(line):
+            obs.success_seen = True
+            return
+        n = matchers.batches_per_epoch(line)
+        if n is not None:
+            obs.batches_per_epoch = n
+            return
+        n = matchers.grad_accum_steps(line)
+        if n is not None:
+            obs.grad_accum = n
+            return
+        status = parse_child_status(line)
+        if status is not None:
+            obs.child_status, obs.child_signal = status

@@ -1,0 +1,103 @@
+"""Owns the launch plan: the trainer command and environment for the next attempt, and edits to it.
+
+Applies remedy actions knowing which flags take values and which exist in which script. A flag
+inside ``--config_file`` is removed by writing a derived TOML into the run directory (the user's
+file is never touched) and pointing ``--config_file`` at it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import tomlio
+from .cmdline import TrainerCommand
+from .profile import ScriptInfo, script_info, takes_value
+from .remedies import Action
+
+
+@dataclass
+class LaunchPlan:
+    command: TrainerCommand
+    env: dict[str, str] = field(default_factory=dict)  # overrides on top of the inherited environment
+    config_overlay_removed: set[str] = field(default_factory=set)  # keys dropped from --config_file
+    user_config: Path | None = None  # the user's own --config_file, never modified
+
+    @property
+    def info(self) -> ScriptInfo:
+        return script_info(self.command.script)
+
+    def copy(self) -> LaunchPlan:
+        return LaunchPlan(self.command.copy(), dict(self.env), set(self.config_overlay_removed),
+                          self.user_config)
+
+    def config_value(self, name: str) -> object | None:
+        """The value kohya would see for a key of the user's --config_file (after our removals)."""
+        if self.user_config is None or name in self.config_overlay_removed:
+            return None
+        return tomlio.flat_keys(tomlio.read_toml(self.user_config)).get(name)
+
+    def effective(self, name: str) -> bool:
+        """Whether the trainer will see this flag on: command line, or true in the config file."""
+        return self.command.has(name) or self.config_value(name) not in (None, False)
+
+    def write_derived_config(self, run_dir: Path, attempt: int) -> None:
+        """Point --config_file at a derived copy without the removed keys, when any were removed."""
+        if self.user_config is None or not self.config_overlay_removed:
+            return
+        doc = tomlio.read_toml(self.user_config)
+        derived, _ = tomlio.without_keys(doc, self.config_overlay_removed)
+        path = run_dir / "derived" / f"attempt-{attempt}.config.toml"
+        from .fsutil import atomic_write_text
+
+        atomic_write_text(path, f"# derived by trainsup from {self.user_config}\n" + tomlio.dumps(derived))
+        self.command.set("config_file", str(path))
+
+
+def apply_action(plan: LaunchPlan, action: Action) -> str | None:
+    """Apply one action; return what changed in words, or None when it does not apply here."""
+    cmd = plan.command
+    if action.kind == "add_flag":
+        if not plan.info.has_flag(action.name) or plan.effective(action.name):
+            return None
+        value = action.value
+        if takes_value(action.name):
+            cmd.set(action.name, value or "")
+        else:
+            cmd.set(action.name)
+        extra = ""
+        if action.name in ("fp8_base", "fp8_base_unet") and cmd.get("mixed_precision") in (None, "no") \
+                and plan.config_value("mixed_precision") in (None, "no"):
+            cmd.set("mixed_precision", "bf16")  # kohya refuses fp8_base without fp16/bf16
+            extra = " and --mixed_precision bf16 (fp8 needs it)"
+        return action.describe() + extra
+    if action.kind == "remove_flag":
+        changed = cmd.remove(action.name)
+        if plan.config_value(action.name) not in (None, False):
+            plan.config_overlay_removed.add(action.name)
+            return f"remove --{action.name} (set in {plan.user_config}; a derived copy drops it)"
+        return action.describe() if changed else None
+    if action.kind == "set_env":
+        if plan.env.get(action.name) == action.value:
+            return None
+        plan.env[action.name] = action.value or ""
+        return action.describe()
+    if action.kind == "halve_batch":
+        batch = cmd.get_int("train_batch_size") or 1
+        if batch <= 1:
+            return None
+        accum = cmd.get_int("gradient_accumulation_steps") or 1
+        cmd.set("train_batch_size", str(batch // 2))
+        cmd.set("gradient_accumulation_steps", str(accum * 2))
+        return f"--train_batch_size {batch // 2} --gradient_accumulation_steps {accum * 2}"
+    if action.kind == "lower_workers":
+        current = cmd.get_int("max_data_loader_n_workers")
+        current = 8 if current is None else current  # kohya's default
+        target = current // 2 if action.value == "half" else int(action.value or 0)
+        if target >= current:
+            return None
+        cmd.set("max_data_loader_n_workers", str(target))
+        return f"--max_data_loader_n_workers {target}"
+    if action.kind in ("restart", "upgrade", "stop"):
+        return action.describe()  # carried out by the engine, not by an edit of the command
+    raise ValueError(f"unknown action kind {action.kind!r}")

@@ -1,0 +1,149 @@
+"""Owns the YAML policy: defaults, loading, and validation with file:line errors.
+
+Every key is optional; ``config.example.yaml`` lists them with their defaults. Errors name the file,
+the line, the key path, what was expected and what was found, e.g.
+``policy.yaml:12: restart.max: expected an integer >= 0, got 'five'``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+
+class PolicyError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Policy:
+    restart_max: int = 5
+    restart_window_s: float = 3600.0
+    min_uptime_s: float = 10.0
+    max_quick_exits: int = 3
+    backoff_initial_s: float = 2.0
+    backoff_max_s: float = 60.0
+    backoff_factor: float = 2.0
+    stop_grace_s: float = 30.0
+    save_every_n_steps: int | None = None  # None: about 10% of --max_train_steps
+    allow_upgrade: bool = True
+    pump_wait_s: float = 2.0  # after the child exits, how long its pipes may stay open (orphans)
+    rules: tuple[Any, ...] = field(default_factory=tuple)  # fault rules added by the user
+    source: str = "<defaults>"
+
+
+def _int(minimum: int) -> Callable[[Any], int]:
+    def conv(v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            raise TypeError(f"an integer >= {minimum}")
+        return v
+    return conv
+
+
+def _num(minimum: float) -> Callable[[Any], float]:
+    def conv(v: Any) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < minimum:
+            raise TypeError(f"a number >= {minimum}")
+        return float(v)
+    return conv
+
+
+def _opt_int(minimum: int) -> Callable[[Any], int | None]:
+    inner = _int(minimum)
+
+    def conv(v: Any) -> int | None:
+        if v is None:
+            return None
+        try:
+            return inner(v)
+        except TypeError:
+            raise TypeError(f"null or an integer >= {minimum}") from None
+    return conv
+
+
+def _bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise TypeError("true or false")
+    return v
+
+
+# section -> key -> (Policy field, converter)
+_SCHEMA: dict[str, dict[str, tuple[str, Callable[[Any], Any]]]] = {
+    "restart": {
+        "max": ("restart_max", _int(0)),
+        "window_s": ("restart_window_s", _num(1)),
+        "min_uptime_s": ("min_uptime_s", _num(0)),
+        "max_quick_exits": ("max_quick_exits", _int(1)),
+    },
+    "backoff": {
+        "initial_s": ("backoff_initial_s", _num(0)),
+        "max_s": ("backoff_max_s", _num(0)),
+        "factor": ("backoff_factor", _num(1)),
+    },
+    "stop": {"grace_s": ("stop_grace_s", _num(0)), "pump_wait_s": ("pump_wait_s", _num(0))},
+    "save": {"every_n_steps": ("save_every_n_steps", _opt_int(1))},
+    "environment": {"allow_upgrade": ("allow_upgrade", _bool)},
+}
+_TOP_LEVEL = set(_SCHEMA) | {"rules"}
+
+
+def load_policy(path: Path | None) -> Policy:
+    if path is None:
+        return Policy()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyError(f"{path}: cannot read the policy ({exc.strerror or exc})") from None
+    return parse_policy(text, str(path))
+
+
+def parse_policy(text: str, source: str) -> Policy:
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark is not None else source
+        raise PolicyError(f"{where}: malformed YAML: {getattr(exc, 'problem', None) or exc}") from None
+    if root is None:
+        return Policy(source=source)
+    if not isinstance(root, yaml.MappingNode):
+        raise PolicyError(f"{source}:{root.start_mark.line + 1}: expected a mapping of sections at the top")
+    values: dict[str, Any] = {}
+    for key_node, value_node in root.value:
+        section = key_node.value
+        line = key_node.start_mark.line + 1
+        if section not in _TOP_LEVEL:
+            raise PolicyError(f"{source}:{line}: unknown section {section!r}; expected one of "
+                              f"{', '.join(sorted(_TOP_LEVEL))}")
+        if section == "rules":
+            values["rules"] = _rules(value_node, source)
+            continue
+        if not isinstance(value_node, yaml.MappingNode):
+            raise PolicyError(f"{source}:{line}: {section}: expected a mapping")
+        for k_node, v_node in value_node.value:
+            key = k_node.value
+            kline = k_node.start_mark.line + 1
+            spec = _SCHEMA[section].get(key)
+            if spec is None:
+                raise PolicyError(f"{source}:{kline}: {section}.{key}: unknown key; expected one of "
+                                  f"{', '.join(sorted(_SCHEMA[section]))}")
+            raw = yaml.safe_load(yaml.serialize(v_node))
+            name, conv = spec
+            try:
+                values[name] = conv(raw)
+            except TypeError as exc:
+                raise PolicyError(f"{source}:{kline}: {section}.{key}: expected {exc}, got {raw!r}") from None
+    return Policy(source=source, **values)
+
+
+def _rules(node: yaml.Node, source: str) -> tuple[Any, ...]:
+    from .faults import load_user_rules
+
+    data = yaml.safe_load(yaml.serialize(node))
+    try:
+        return tuple(load_user_rules(data, f"{source}:{node.start_mark.line + 1}"))
+    except ValueError as exc:
+        raise PolicyError(str(exc)) from None

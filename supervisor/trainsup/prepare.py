@@ -1,0 +1,95 @@
+"""Owns turning the user's command into the first launch plan, before anything runs.
+
+It reads the flags kohya will see (command line over ``--config_file``), fixes a seed when none is
+given (every attempt must draw the same data order and noise), and adds ``--save_state`` with a step
+cadence when the command saves no states (without them there is nothing safe to resume from).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import tomlio
+from .cmdline import TrainerCommand
+from .plan import LaunchPlan
+from .policy import Policy
+
+KOHYA_DEFAULT_MAX_STEPS = 1600
+
+
+class UsageError(ValueError):
+    """Bad command or files: exit 2 before anything is launched."""
+
+
+@dataclass
+class Prepared:
+    plan: LaunchPlan
+    output_dir: Path | None
+    output_name: str | None
+    max_train_steps: int
+    user_resume: Path | None
+    notes: list[str] = field(default_factory=list)  # what trainsup changed, said on the console
+
+
+def _resolve(path: str, cwd: Path) -> Path:
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else cwd / p
+
+
+def prepare(argv: list[str], cwd: Path, policy: Policy, rng: random.Random | None = None) -> Prepared:
+    try:
+        command = TrainerCommand.parse(list(argv))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    config_path = command.get("config_file")
+    user_config = _resolve(config_path, cwd) if config_path else None
+    config: dict[str, object] = {}
+    if user_config is not None:
+        try:
+            config = tomlio.flat_keys(tomlio.read_toml(user_config))
+        except tomlio.ConfigFileError as exc:
+            raise UsageError(f"--config_file {exc}") from None
+        command.set("config_file", str(user_config))
+    plan = LaunchPlan(command, {}, set(), user_config)
+
+    def value(name: str) -> object | None:
+        v = command.get(name)
+        return v if v is not None else config.get(name)
+
+    def int_value(name: str) -> int | None:
+        v = value(name)
+        if v is None:
+            return None
+        try:
+            return int(str(v))
+        except ValueError:
+            raise UsageError(f"--{name}: expected an integer, got {v!r}") from None
+
+    out = value("output_dir")
+    output_dir = _resolve(str(out), cwd) if out else None
+    name = value("output_name")
+    output_name = str(name) if name else None
+    max_steps = int_value("max_train_steps") or KOHYA_DEFAULT_MAX_STEPS
+    notes: list[str] = []
+
+    resume = value("resume")
+    user_resume = _resolve(str(resume), cwd) if resume else None
+
+    if int_value("seed") is None:
+        seed = (rng or random.SystemRandom()).randrange(1, 2**31 - 1)
+        command.set("seed", str(seed))
+        notes.append(f"no --seed given: fixed --seed {seed} so every attempt sees the same data order")
+    if not plan.effective("save_state"):
+        command.set("save_state")
+        notes.append("no --save_state: added it, so there is a state to resume from")
+    if int_value("save_every_n_steps") is None and int_value("save_every_n_epochs") is None:
+        every = policy.save_every_n_steps or max(1, round(max_steps / 10))
+        command.set("save_every_n_steps", str(every))
+        notes.append(f"no save cadence: added --save_every_n_steps {every} (about 10% of {max_steps} steps)")
+    return Prepared(plan, output_dir, output_name, max_steps, user_resume, notes)
+
+
+def default_run_dir(prepared: Prepared, cwd: Path) -> Path:
+    return (prepared.output_dir or cwd) / ".trainsup"

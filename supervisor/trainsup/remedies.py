@@ -1,0 +1,132 @@
+"""Owns remedies: declarative edits of a launch, and the ladder of them for each fault class.
+
+A ``Remedy`` is a tuple of ``Action``s; ``describe()`` prints it, the journal records it, and it is
+applied to a ``LaunchPlan`` (see ``plan``). When the same fault comes back after a rung, the next
+rung applies. A rung none of whose actions applies to this command (the flag is absent, or the script
+has no such flag) is skipped. Ladders follow the defaults in the project's fault table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+ActionKind = Literal["add_flag", "remove_flag", "set_env", "upgrade", "halve_batch",
+                     "lower_workers", "restart", "stop"]
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: ActionKind
+    name: str = ""  # flag, env var or package spec
+    value: str | None = None  # flag value, env value; for "stop" the reason
+
+    def describe(self) -> str:
+        if self.kind == "add_flag":
+            return f"add --{self.name}" + (f" {self.value}" if self.value is not None else "")
+        if self.kind == "remove_flag":
+            return f"remove --{self.name}"
+        if self.kind == "set_env":
+            return f"set {self.name}={self.value}"
+        if self.kind == "upgrade":
+            return f"upgrade {self.name} in the trainer's interpreter"
+        if self.kind == "halve_batch":
+            return "halve --train_batch_size and double --gradient_accumulation_steps"
+        if self.kind == "lower_workers":
+            return f"lower --max_data_loader_n_workers (to {self.value})"
+        if self.kind == "restart":
+            return "restart from the last safe state"
+        return f"stop: {self.value}"
+
+
+@dataclass(frozen=True)
+class Rung:
+    actions: tuple[Action, ...]
+    repeat: bool = False  # stays the current rung when the fault recurs (plain restarts)
+
+    def describe(self) -> str:
+        return "; ".join(a.describe() for a in self.actions)
+
+
+def _flags(kind: ActionKind, *names: str) -> tuple[Action, ...]:
+    return tuple(Action(kind, n) for n in names)
+
+
+def stop(reason: str) -> Rung:
+    return Rung((Action("stop", value=reason),))
+
+
+RESTART = Rung((Action("restart"),), repeat=True)
+
+LADDERS: dict[str, tuple[Rung, ...]] = {
+    "meta_tensor": (
+        Rung((Action("add_flag", "fp8_base"),)),
+        stop("weights stayed on the meta device even with --fp8_base: the model or VAE/AE file's "
+             "key layout does not match this script; check --pretrained_model_name_or_path and --ae/--vae"),
+    ),
+    "device_mismatch": (
+        Rung(_flags("remove_flag", "cache_latents", "cache_latents_to_disk")),
+        Rung(_flags("remove_flag", "cache_text_encoder_outputs", "cache_text_encoder_outputs_to_disk")),
+        stop("tensors are still on two devices with latent and text-encoder caching off"),
+    ),
+    "te_cache_none": (
+        Rung((Action("restart"),)),
+        Rung(_flags("remove_flag", "cache_text_encoder_outputs", "cache_text_encoder_outputs_to_disk")),
+        stop("sample prompts still find no text-encoder output with caching off"),
+    ),
+    "fp8_serializer": (
+        Rung((Action("upgrade", "safetensors>=0.4.2"),)),
+        stop("the serializer still fails after the upgrade"),
+    ),
+    "cuda_oom": (
+        Rung((Action("set_env", "PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),)),
+        Rung((Action("add_flag", "gradient_checkpointing"),)),
+        Rung((Action("add_flag", "fp8_base"),)),
+        Rung((Action("halve_batch"),)),
+        Rung((Action("add_flag", "blocks_to_swap", "8"),)),
+        stop("out of GPU memory after every memory remedy"),
+    ),
+    "shm_exhausted": (
+        Rung((Action("lower_workers", value="half"),)),
+        Rung((Action("lower_workers", value="0"),)),
+        stop("shared memory is exhausted even without DataLoader workers; enlarge /dev/shm"),
+    ),
+    "nccl_timeout": (RESTART,),
+    "nccl_error": (RESTART,),
+    "cuda_fatal": (RESTART,),
+    "corrupt_checkpoint": (RESTART,),
+    "nan_loss": (
+        Rung((Action("restart"),)),
+        stop("the loss became NaN again after resuming from the last state saved before it; "
+             "lower --learning_rate"),
+    ),
+    "nan_latents": (
+        Rung((Action("add_flag", "no_half_vae"),)),
+        stop("NaN latents even with --no_half_vae"),
+    ),
+    "host_oom_killed": (
+        Rung((Action("lower_workers", value="half"),)),
+        Rung((Action("add_flag", "lowram"),)),
+        RESTART,
+    ),
+    "flag_conflict": (
+        Rung(_flags("remove_flag", "cache_text_encoder_outputs", "cache_text_encoder_outputs_to_disk")),
+        stop("the trainer rejects this combination of options"),
+    ),
+    "fp8_op_unsupported": (
+        Rung(_flags("remove_flag", "fp8_base", "fp8_base_unet")),
+        stop("an op without a float8 kernel is still hit with --fp8_base off"),
+    ),
+    "config_error": (stop("the command or its files are wrong; a restart cannot fix it"),),
+    "missing_dependency": (stop("the trainer's environment lacks a package; a restart cannot fix it"),),
+    "disk_full": (stop("the disk is full; free space yourself (trainsup never deletes checkpoints)"),),
+    "hang": (RESTART,),
+    "unknown": (RESTART,),
+}
+
+# A restart cannot fix these: stop at once with the diagnosis (exit 4).
+NOT_RESTARTABLE = frozenset({"config_error", "missing_dependency", "disk_full"})
+
+
+def ladder(fault: str) -> tuple[Rung, ...]:
+    return LADDERS.get(fault, LADDERS["unknown"])

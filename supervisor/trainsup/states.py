@@ -1,0 +1,105 @@
+"""Owns deciding whether a saved kohya state directory is complete and safe to resume from.
+
+kohya writes a state with no completion marker and nothing atomic, in the order train_state.json,
+model.safetensors, optimizer.bin, scheduler.bin, [scaler.pt,] random_states_0.pkl. A state counts
+only when every file exists, ``train_state.json`` parses, and ``model.safetensors`` has a readable
+header whose tensors all lie inside the file. No tensor is loaded and torch is never imported.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from .profile import STATE_FILES, parse_state_name
+
+_MAX_HEADER = 100 * 1024 * 1024  # the safetensors format's own limit
+
+
+@dataclass(frozen=True)
+class StateCheck:
+    path: Path
+    ok: bool
+    reason: str  # "" when ok
+    label_step: int | None = None  # current_step from train_state.json (the trainer's own label)
+    epoch: int | None = None
+
+
+def check_safetensors(path: Path) -> str:
+    """'' when the file's header parses and covers the file; else why not."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                return f"{path.name}: truncated (no header length)"
+            (n,) = struct.unpack("<Q", head)
+            if n > _MAX_HEADER or 8 + n > size:
+                return f"{path.name}: header length {n} does not fit a {size}-byte file"
+            header = json.loads(fh.read(n))
+    except (OSError, ValueError) as exc:
+        return f"{path.name}: unreadable header ({exc})"
+    if not isinstance(header, dict):
+        return f"{path.name}: header is not a JSON object"
+    end = 0
+    for key, info in header.items():
+        if key == "__metadata__":
+            continue
+        try:
+            end = max(end, int(info["data_offsets"][1]))
+        except (KeyError, TypeError, ValueError, IndexError):
+            return f"{path.name}: tensor {key!r} has no valid data_offsets"
+    if 8 + n + end > size:
+        return f"{path.name}: truncated ({size} bytes, tensors need {8 + n + end})"
+    return _library_check(path)
+
+
+def _library_check(path: Path) -> str:
+    """Also ask the safetensors library, when numpy is there for it (it needs a framework)."""
+    try:
+        import numpy  # noqa: F401
+        from safetensors import safe_open
+    except ImportError:
+        return ""
+    try:
+        with safe_open(str(path), framework="numpy") as fh:
+            fh.keys()
+    except Exception as exc:  # the library raises its own SafetensorError types
+        return f"{path.name}: safetensors refused it ({exc})"
+    return ""
+
+
+def check_state(path: Path, need_scaler: bool = False) -> StateCheck:
+    if not path.is_dir():
+        return StateCheck(path, False, "not a directory")
+    needed = list(STATE_FILES) + (["scaler.pt"] if need_scaler else [])
+    for name in needed:
+        f = path / name
+        if not f.is_file() or f.stat().st_size == 0:
+            return StateCheck(path, False, f"{name} missing or empty")
+    try:
+        train_state = json.loads((path / "train_state.json").read_text())
+        step = int(train_state["current_step"])
+        epoch = int(train_state.get("current_epoch", 0))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return StateCheck(path, False, f"train_state.json unreadable ({exc})")
+    problem = check_safetensors(path / "model.safetensors")
+    if problem:
+        return StateCheck(path, False, problem)
+    return StateCheck(path, True, "", step, epoch)
+
+
+def state_dirs(output_dir: Path, names: set[str]) -> list[Path]:
+    """State dirs in ``output_dir`` written under one of these output names (kohya naming)."""
+    found = []
+    try:
+        entries = list(output_dir.iterdir())
+    except OSError:
+        return []
+    for entry in entries:
+        parsed = parse_state_name(entry.name)
+        if parsed and parsed[0] in names and entry.is_dir():
+            found.append(entry)
+    return sorted(found)

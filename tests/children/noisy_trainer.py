@@ -1,0 +1,53 @@
+"""A small stand-in trainer without torch, for process-behaviour tests. Ignores the flags it gets.
+
+Modes (first argument): longline N_MB | binary N_MB | fail MESSAGE | crash MESSAGE | hang PIDFILE | ok
+It speaks kohya's formats: the `steps` bar with \\r, and `model saved.` on success.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+mode = sys.argv[1]
+out = sys.stdout.buffer
+
+
+def bar(n, total=4):
+    sys.stderr.write(f"\rsteps: {n * 100 // total:3d}%|#   | {n}/{total} [00:01<00:01,  2.00it/s, avr_loss=0.5]")
+    sys.stderr.flush()
+
+
+if mode == "longline":
+    block = b"x" * (1 << 20)
+    for _ in range(int(sys.argv[2])):
+        out.write(block)
+    out.write(b"\n")
+elif mode == "binary":
+    rnd = open("/dev/urandom", "rb")
+    for _ in range(int(sys.argv[2])):
+        out.write(rnd.read(1 << 20))
+    out.write(b"\n")
+elif mode == "fail":
+    bar(1)
+    sys.stderr.write("\nTraceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n")
+    sys.stderr.write(f"RuntimeError: {sys.argv[2]}\n")
+    sys.exit(1)
+elif mode == "crash":
+    sys.stderr.write(f"RuntimeError: {sys.argv[2]}\n")
+    sys.exit(1)
+elif mode == "hang":
+    # A launcher-like parent that ignores SIGTERM, with a grandchild that ignores it too.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    grandchild = subprocess.Popen([sys.executable, "-c",
+                                   "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+                                   "time.sleep(600)"])
+    with open(sys.argv[2], "w") as fh:
+        fh.write(f"{os.getpid()} {grandchild.pid}\n")
+    bar(1)
+    time.sleep(600)
+    sys.exit(0)
+out.flush()
+bar(4)
+sys.stderr.write("\nmodel saved.\n")

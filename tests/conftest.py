@@ -1,0 +1,57 @@
+"""Shared test helpers: a wait_until instead of sleeps, and guards against leaked threads/children."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHILDREN = Path(__file__).resolve().parent / "children"
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.02,
+               what: str = "condition") -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def trainsup_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "trainsup.cli", *args]
+
+
+def run_trainsup(args: list[str], cwd: Path, timeout: float = 240, env: dict[str, str] | None = None,
+                 ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(trainsup_cmd(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env=env)
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    """Fail a test that leaves a thread or a child process behind."""
+    threads_before = set(threading.enumerate())
+    yield
+    me = psutil.Process(os.getpid())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        kids = [p for p in me.children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+        extra = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
+        if not kids and not extra:
+            return
+        time.sleep(0.05)
+    for p in kids:
+        p.kill()
+    assert not kids, f"test leaked child processes: {[p.cmdline() for p in kids]}"
+    assert not extra, f"test leaked threads: {[t.name for t in extra]}"

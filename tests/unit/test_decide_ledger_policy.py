@@ -1,0 +1,79 @@
+"""The pure decision, the step ledger's arithmetic, and policy validation."""
+
+from pathlib import Path
+
+import pytest
+
+from trainsup.decide import History, Outcome, decide, record
+from trainsup.ledger import label_offset
+from trainsup.policy import Policy, PolicyError, parse_policy
+from trainsup.remedies import Rung
+
+
+def outcome(fault: str | None, uptime: float = 100.0, steps: int = 5, new_state: bool = False,
+            attempt: int = 1) -> Outcome:
+    return Outcome(attempt, 1, None, None, None, uptime, fault, "evidence", 3, steps, new_state, 0.0)
+
+
+def always(_: Rung) -> bool:
+    return True
+
+
+def test_clean_outcome_finishes_and_config_errors_stop_at_once() -> None:
+    assert decide(History(), outcome(None), Policy(), 0, always).kind == "finish"
+    d = decide(History(), outcome("config_error"), Policy(), 0, always)
+    assert (d.kind, d.exit_code) == ("stop", 4)
+
+
+def test_ladder_climbs_when_the_same_fault_recurs_and_skips_rungs_that_do_nothing() -> None:
+    h = History()
+    d1 = decide(h, outcome("device_mismatch"), Policy(), 0, always)
+    assert d1.kind == "restart" and d1.rung_index == 0
+    record(h, outcome("device_mismatch"), d1, 0)
+    d2 = decide(h, outcome("device_mismatch"), Policy(), 1, lambda r: "cache_text" not in r.describe())
+    assert d2.kind == "stop" and d2.exit_code == 4  # rung 1 would change nothing: straight to stop
+
+
+def test_backoff_grows_and_resets_after_a_new_state() -> None:
+    pol = Policy(backoff_initial_s=2, backoff_max_s=5, backoff_factor=2, restart_max=10)
+    h = History()
+    delays = []
+    for i in range(4):
+        d = decide(h, outcome("unknown"), pol, i, always)
+        delays.append(d.delay_s)
+        record(h, outcome("unknown"), d, i)
+    assert delays == [2, 4, 5, 5]
+    assert decide(h, outcome("unknown", new_state=True), pol, 5, always).delay_s == 2
+
+
+def test_restart_budget_is_counted_in_the_window() -> None:
+    pol = Policy(restart_max=2, restart_window_s=60)
+    h = History(restarts_at=[0.0, 10.0])
+    assert decide(h, outcome("unknown"), pol, 20, always).kind == "give_up"
+    assert decide(h, outcome("unknown"), pol, 65, always).kind == "restart"
+
+
+def test_kohya_label_offset_after_resume() -> None:
+    # 4 batches per epoch, resumed at step 10: kohya skips 2 epochs and labels the next step 3.
+    assert label_offset(10, True, 4) == 8
+    assert label_offset(8, True, 4) == 8
+    assert label_offset(3, True, 4) == 0
+    assert label_offset(10, False, 4) == 10  # without skipping, the global step restarts at 0
+    assert label_offset(0, True, 4) == 0
+
+
+def test_policy_values_and_errors() -> None:
+    pol = parse_policy("restart:\n  max: 2\nbackoff:\n  initial_s: 0.5\nsave:\n  every_n_steps: 7\n", "p.yaml")
+    assert (pol.restart_max, pol.backoff_initial_s, pol.save_every_n_steps) == (2, 0.5, 7)
+    with pytest.raises(PolicyError, match=r"p.yaml:4: backoff.initail_s: unknown key"):
+        parse_policy("restart:\n  max: 2\nbackoff:\n  initail_s: 1\n", "p.yaml")
+    with pytest.raises(PolicyError, match=r"p.yaml:1: unknown section 'retsart'"):
+        parse_policy("retsart: {}\n", "p.yaml")
+    with pytest.raises(PolicyError, match=r"environment.allow_upgrade: expected true or false, got 'yes please'"):
+        parse_policy("environment:\n  allow_upgrade: yes please\n", "p.yaml")
+
+
+def test_example_config_is_a_valid_policy() -> None:
+    root = Path(__file__).resolve().parents[2]
+    pol = parse_policy((root / "config.example.yaml").read_text(), "config.example.yaml")
+    assert pol.restart_max == Policy().restart_max
