@@ -1,9 +1,9 @@
 """Owns the supervise loop: attempts, decisions, remedies, resume points, and the run's end.
 
-One event queue and one decision loop; threads only produce events. Each attempt after the first,
-and any attempt that resumes, writes under its own ``--output_name`` (``NAME-trainsupN``): kohya
-labels post-resume saves with wrong step numbers and would otherwise overwrite earlier states and
-weights. The ledger maps every state to its absolute step, and the final weights are published
+One event queue and one decision loop; threads only produce events. An attempt that resumes, or
+that starts over after an earlier attempt of this run wrote files, writes under its own
+``--output_name`` (``NAME-trainsupN``): kohya labels post-resume saves with wrong step numbers and
+would otherwise overwrite earlier states and weights. The ledger maps every state to its absolute step, and the final weights are published
 where the user's command puts them.
 """
 
@@ -34,7 +34,7 @@ from .plan import LaunchPlan, apply_action
 from .policy import Policy
 from .fsutil import publish_copy
 from .prepare import Prepared, UsageError, default_run_dir, prepare
-from .profile import final_weights_name, parse_state_name, state_dir_names
+from .profile import final_weights_name, parse_state_name, state_dir_names, weights_files_for
 from .remedies import Rung
 from .runstate import RunState, check_transition
 from .states import check_state, state_dirs
@@ -92,6 +92,7 @@ class Supervisor:
         self.journal = Journal(self.run_dir)
         self.ledger = Ledger(self.run_dir / "ledger.json")
         self.history = History()
+        self.run_started_wall = time.time()
         first = 1 + sum(1 for _ in self.run_dir.glob("attempt-*.log"))
         self.journal.event("run_start", argv=list(self.spec.argv), run_dir=str(self.run_dir),
                            policy=self.policy.source)
@@ -105,7 +106,7 @@ class Supervisor:
         attempt = first
         while True:
             resume = self._newest_state()
-            result, launch = self._launch(attempt, plan, resume, first)
+            result, launch = self._launch(attempt, plan, resume)
             if result is None:
                 return self._end(launch)  # could not start at all
             outcome = self._outcome(attempt, result, resume)
@@ -127,12 +128,14 @@ class Supervisor:
             attempt += 1
 
     # --- one launch ------------------------------------------------------------------------------
-    def _launch(self, attempt: int, plan: LaunchPlan, resume: StateRecord | None,
-                first: int) -> tuple[AttemptResult | None, Decision]:
+    def _launch(self, attempt: int, plan: LaunchPlan,
+                resume: StateRecord | None) -> tuple[AttemptResult | None, Decision]:
         p = self.prepared
         launch = plan.copy()
         cmd = launch.command
-        own_name = attempt == first and resume is None and p.user_resume is None
+        # The user's own output name is safe only for a fresh start that nothing of this run has
+        # written under yet; a resumed attempt's labels are wrong and would overwrite earlier files.
+        own_name = resume is None and p.user_resume is None and not self._wrote_under(p.output_name)
         output_name = p.output_name if own_name else f"{p.output_name or 'last'}-trainsup{attempt}"
         if not own_name:
             cmd.set("output_name", output_name)
@@ -172,6 +175,24 @@ class Supervisor:
             self._transition(RunState.STOPPING)
             return None, Decision("stop", EXIT_STOPPED, f"config_error: {exc}")
         return result, Decision("restart")
+
+    def _wrote_under(self, output_name: str | None) -> bool:
+        """Whether this run already wrote weights or states under that output name."""
+        weights = weights_files_for(output_name)
+        names = set(state_dir_names(output_name)[:2]) | {state_dir_names(output_name)[2][: -len("-state")]}
+        try:
+            entries = list(self._output_dir().iterdir())
+        except OSError:
+            return False
+        for entry in entries:
+            parsed = parse_state_name(entry.name)
+            ours = weights.match(entry.name) or (parsed is not None and parsed[0] in names)
+            try:
+                if ours and entry.stat().st_mtime >= self.run_started_wall:
+                    return True
+            except OSError:
+                continue
+        return False
 
     def _outcome(self, attempt: int, r: AttemptResult, resume: StateRecord | None) -> Outcome:
         self._collect_states(attempt, r.obs)

@@ -72,22 +72,24 @@ class OutputParser:
         self.events.put(("eof", stream))
 
     def _lines(self, lines: list[str]) -> None:
-        newest_progress = None
+        newest_bar = None
         for line in lines:
             self.obs.lines += 1
             if "steps:" in line:
-                progress = matchers.parse_progress(line)
-                if progress is not None:
-                    newest_progress = progress
+                newest_bar = line
+                if line.endswith("]") and "nan" not in line:
+                    continue  # a plain bar redraw carries no fault evidence; only the newest is parsed
             elif any(gate in line for gate in _BOOKKEEPING):
                 self._bookkeeping(clean_line(line))
             evidence = self.scanner.feed(line, self.obs.lines)
             if evidence is not None:
                 self.obs.evidence.append(evidence)
                 self.events.put(("evidence", evidence))
-        if newest_progress is not None:
-            self.obs.progress = newest_progress
-            self.events.put(("progress", newest_progress))
+        if newest_bar is not None:
+            progress = matchers.parse_progress(newest_bar)
+            if progress is not None:
+                self.obs.progress = progress
+                self.events.put(("progress", progress))
 
     def _bookkeeping(self, line: str) -> None:
         obs = self.obs

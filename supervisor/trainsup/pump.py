@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 from typing import IO, Protocol
 
 READ_SIZE = 1 << 20
+COALESCE_BELOW = 64 * 1024
+COALESCE_S = 0.005
 
 
 class ChunkSink(Protocol):
@@ -79,6 +82,11 @@ class Pump(threading.Thread):
                     except OSError:
                         self.console_errors += 1  # a closed console must not stop supervision
                 self.sink.feed(self.stream, chunk)
+                if len(chunk) < COALESCE_BELOW:
+                    # A trickle of small writes: let the roomy pipe gather a few ms of output so the
+                    # per-chunk cost is paid once per batch, not once per line. The child cannot
+                    # fill 1 MiB in that time at any realistic rate, so it never blocks on us.
+                    time.sleep(COALESCE_S)
         finally:
             self.sink.end(self.stream)
             try:

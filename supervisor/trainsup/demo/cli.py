@@ -16,6 +16,8 @@ import logging
 import os
 import tomllib
 
+from .logfmt import setup_logging
+
 logger = logging.getLogger(__name__)
 
 REQUIRED = ("pretrained_model_name_or_path", "output_dir", "train_data_dir")
@@ -39,6 +41,7 @@ def build_parser(flux: bool) -> argparse.ArgumentParser:
     # model and dataset
     parser.add_argument("--pretrained_model_name_or_path", type=str, default=None, help="base model checkpoint")
     parser.add_argument("--train_data_dir", type=str, default=None, help="directory for train images")
+    # kohya defaults to .caption; the demo assets (and most datasets) use .txt
     parser.add_argument("--caption_extension", type=str, default=".txt", help="extension of caption files")
     _flag(parser, "cache_latents", "cache latents to main memory")
     _flag(parser, "cache_latents_to_disk", "cache latents to disk (implies --cache_latents)")
@@ -135,4 +138,19 @@ def parse(argv: list[str] | None, flux: bool) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args = read_config_from_file(args, parser)
     verify_args(args, parser)
+    return args
+
+
+def parse_command_line(argv: list[str] | None, flux: bool) -> argparse.Namespace | None:
+    """What a script does first: logging on, arguments parsed; None when the config file is missing.
+
+    Argument mistakes exit here (status 2) before torch is imported, so they fail at once.
+    """
+    setup_logging()
+    try:
+        args = parse(argv, flux)
+    except ConfigFileNotFound:
+        return None
+    # kohya's setup_logging(args, reset=True): the options may come from the config file
+    setup_logging(simple=bool(args.console_log_simple), level=args.console_log_level)
     return args

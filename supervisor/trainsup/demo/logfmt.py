@@ -10,6 +10,7 @@ Neither rich nor tqdm is a dependency, so both formats are reproduced here.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import re
@@ -81,7 +82,7 @@ def wrap_like_rich(text: str, width: int) -> list[str]:
             breaks.append(start)
             offset = cell_len(word)
     bounds = [0, *breaks, len(text)]
-    return [text[a:b].rstrip() for a, b in zip(bounds, bounds[1:])]
+    return [text[a:b].rstrip() for a, b in itertools.pairwise(bounds)]
 
 
 class RichLikeHandler(logging.Handler):
@@ -96,7 +97,7 @@ class RichLikeHandler(logging.Handler):
         try:
             self.stream.write(self.render(record))
             self.flush()
-        except Exception:  # logging must never take the trainer down
+        except Exception:  # noqa: BLE001 - like logging.StreamHandler: a log line must never kill training
             self.handleError(record)
 
     def flush(self) -> None:
@@ -128,8 +129,8 @@ class RichLikeHandler(logging.Handler):
 def setup_logging(simple: bool = False, level: str | None = None) -> None:
     """Install the one root handler, replacing any earlier one (kohya's setup_logging(reset=True))."""
     root = logging.getLogger()
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
+    for old in list(root.handlers):
+        root.removeHandler(old)
     handler: logging.Handler
     if simple:
         handler = logging.StreamHandler(sys.stdout)
@@ -148,7 +149,7 @@ def log_as(source_file: str, lineno: int, message: str, level: int = logging.INF
     """
     logger = logging.getLogger("accelerate")
     if logger.isEnabledFor(level):
-        record = logger.makeRecord(logger.name, level, source_file, lineno, message, None, None)
+        record = logger.makeRecord(logger.name, level, source_file, lineno, message, (), None)
         logger.handle(record)
 
 

@@ -54,7 +54,9 @@ def tokenize(text: str) -> tuple[torch.Tensor, torch.Tensor]:
 class TextEncoder(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.embed = nn.Embedding(VOCAB, TE_DIM)
+        # an explicit (uninitialised) weight: Embedding's own normal_ init on the meta device
+        # pulls in torch's Python decompositions and costs more than a whole demo run
+        self.embed = nn.Embedding(VOCAB, TE_DIM, _weight=torch.empty(VOCAB, TE_DIM))
         self.proj = nn.Linear(TE_DIM, TE_DIM)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -78,7 +80,8 @@ class VAE(nn.Module):
         self.decoder = nn.ConvTranspose2d(LATENT_CH, 3, VAE_DOWN, stride=VAE_DOWN)
 
     def encode(self, images: torch.Tensor) -> torch.Tensor:
-        return self.encoder(images) * self.SCALE
+        latents: torch.Tensor = self.encoder(images) * self.SCALE
+        return latents
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         return torch.tanh(self.decoder(latents / self.SCALE))
@@ -125,7 +128,8 @@ class Denoiser(nn.Module):
             h = checkpoint(self._body, h, use_reentrant=False)
         else:
             h = self._body(h)
-        return self.out_proj(h).view_as(x)
+        out: torch.Tensor = self.out_proj(h)
+        return out.view_as(x)
 
 
 @dataclass
@@ -139,7 +143,9 @@ def build_reference_state_dict(seed: int = 1234) -> dict[str, torch.Tensor]:
     """The base checkpoint's tensors (used by make_assets), deterministic for a seed."""
     gen_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
-    parts: dict[str, nn.Module] = {TE_PREFIX: TextEncoder(), VAE_PREFIX: VAE(), UNET_PREFIX: Denoiser()}
+    text_encoder = TextEncoder()
+    nn.init.normal_(text_encoder.embed.weight)
+    parts: dict[str, nn.Module] = {TE_PREFIX: text_encoder, VAE_PREFIX: VAE(), UNET_PREFIX: Denoiser()}
     torch.random.set_rng_state(gen_state)
     sd: dict[str, torch.Tensor] = {}
     for prefix, module in parts.items():

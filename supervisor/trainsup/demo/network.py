@@ -42,11 +42,11 @@ class LoRAModule(nn.Module):
     def apply_to(self) -> None:
         org = self._org_module[0]
         self.org_forward = org.forward
-        org.forward = self.forward  # type: ignore[method-assign]
+        org.forward = self.forward  # type: ignore[method-assign, assignment]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         assert self.org_forward is not None
-        lora_x = self.lora_up(self.lora_down(x.to(self.lora_down.weight.dtype)))
+        lora_x: torch.Tensor = self.lora_up(self.lora_down(x.to(self.lora_down.weight.dtype)))
         return self.org_forward(x) + lora_x * self.multiplier * self.scale
 
 

@@ -1,0 +1,411 @@
+"""The built-in fault rule table: which output lines are evidence for which fault.
+
+Data, not code.  Each ``FaultRule`` names a fault id (the ids are interface: the
+journal, ``diagnose --json`` and metrics labels use them) and the regexes whose
+match on a cleaned output line (see ``linetext.clean_line``) counts as evidence.
+``faults.FaultScanner`` applies the table: per line, the FIRST rule in table order
+that matches wins, so the order below encodes priority: specific wording before
+the generic wording it contains (``/dev/shm`` full before disk full, a meta device
+in a device-mismatch message before plain device mismatch, ``CUDA error: out of
+memory`` before the catch-all ``CUDA error:``, a missing file inside a state dir
+before a plain missing file).  Excludes then keep known look-alikes out.
+
+Patterns are case-sensitive unless they say ``(?i)``; the built-ins avoid ``(?i)``
+because the scanner's prefilter is cheapest with case-sensitive keys.  Every
+built-in pattern carries a literal the prefilter can key on (a test checks this).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+__all__ = [
+    "BUILTIN_RULES",
+    "FAULT_IDS",
+    "IGNORED_LINE_PATTERNS",
+    "FaultRule",
+    "Strength",
+    "compose_rules",
+    "load_user_rules",
+]
+
+Strength = Literal["root", "weak"]
+
+# Every fault id of the interface.  ``hang`` is detected by a progress timer and
+# ``unknown`` is what a failed attempt gets when nothing matched: neither has rules.
+FAULT_IDS: tuple[str, ...] = (
+    "meta_tensor",
+    "device_mismatch",
+    "te_cache_none",
+    "fp8_serializer",
+    "cuda_oom",
+    "disk_full",
+    "shm_exhausted",
+    "nccl_timeout",
+    "nccl_error",
+    "cuda_fatal",
+    "corrupt_checkpoint",
+    "nan_loss",
+    "nan_latents",
+    "host_oom_killed",
+    "flag_conflict",
+    "fp8_op_unsupported",
+    "config_error",
+    "missing_dependency",
+    "hang",
+    "unknown",
+)
+
+_ID_SHAPE = re.compile(r"[a-z][a-z0-9_]{0,63}")
+
+
+@dataclass(frozen=True)
+class FaultRule:
+    """One fault and the output wording that is evidence for it.
+
+    ``strength="weak"`` marks launcher noise and secondary evidence (accelerate's
+    ``CalledProcessError``, a bare ``Killed``): it decides the verdict only when no
+    root evidence exists.  ``live=True`` asks the supervisor to act while the child
+    still runs (a NaN loss never stops the trainer by itself).  ``frames_require``
+    and ``frames_exclude`` are regexes over the frames (``"<file basename> <func>"``)
+    of the traceback the matching line ends: when frames are visible, the innermost
+    frame matching either list decides, and none matching means "not this fault".
+    """
+
+    id: str
+    patterns: tuple[str, ...]
+    excludes: tuple[str, ...] = ()
+    strength: Strength = "root"
+    restartable: bool = True
+    explanation: str = ""
+    live: bool = False
+    frames_require: tuple[str, ...] = ()
+    frames_exclude: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # A bad table is a programming error; fail at construction, naming the rule.
+        if _ID_SHAPE.fullmatch(self.id) is None:
+            raise ValueError(f"fault rule id {self.id!r}: expected lowercase letters, digits and _")
+        if self.strength not in ("root", "weak"):
+            raise ValueError(f"fault rule {self.id}: strength: expected 'root' or 'weak', got {self.strength!r}")
+        if not self.patterns:
+            raise ValueError(f"fault rule {self.id}: patterns: expected at least one regex")
+        for field in ("patterns", "excludes", "frames_require", "frames_exclude"):
+            for i, pattern in enumerate(getattr(self, field)):
+                try:
+                    re.compile(pattern)
+                except re.error as exc:
+                    raise ValueError(f"fault rule {self.id}: {field}[{i}]: invalid regex {pattern!r}: {exc}") from None
+
+
+# Lines that are never evidence, whatever they mention: Python warnings (a
+# UserWarning about CUDA or a FutureWarning naming an error class is harmless) and
+# TensorFlow probing for optional CUDA libraries, which kohya_ss venvs often carry.
+IGNORED_LINE_PATTERNS: tuple[str, ...] = (
+    r"\b[A-Z][a-z]+Warning: ",
+    r"Could not load dynamic library",
+    r"\b[IW] tensorflow/",
+)
+
+_ERROR_CLASS = r"(?:AssertionError|ValueError)"
+
+BUILTIN_RULES: tuple[FaultRule, ...] = (
+    FaultRule(
+        id="shm_exhausted",
+        patterns=(
+            r"/dev/shm\b.*(?:No space left|Errno 28|[Bb]us error)", r"(?:No space left on device|Errno 28).*/dev/shm",
+            r"unable to write to file </torch_", r"unable to mmap \d+ bytes from file </torch_",
+            r"is killed by signal: Bus error", r"(?:out of|insufficient) shared memory",
+            r"[Uu]nexpected bus error encountered in worker",
+            # Too many open files while sharing tensors: the same cure (fewer workers).
+            r"unable to open shared memory object",
+        ),
+        explanation="The DataLoader workers ran out of shared memory (/dev/shm); fewer workers need less.",
+    ),
+    FaultRule(
+        id="fp8_serializer",
+        patterns=(
+            r"KeyError: torch\.float8_e[45]m\d", r"dtype torch\.float8_\w+ (?:is )?not recognized",
+            r"load_model\(\) got an unexpected keyword argument 'device'",
+        ),
+        explanation="The trainer's safetensors is too old for float8 weights (0.4.2 saves them, 0.4.3 loads "
+        "them with a device); upgrade it in the trainer's own environment.",
+    ),
+    FaultRule(
+        id="fp8_op_unsupported",
+        patterns=(r"not implemented for 'Float8_e[45]m\w*'", r"Promotion for Float8 Types is not supported"),
+        explanation="An operation has no float8 kernel on this setup, so --fp8_base cannot be used here.",
+    ),
+    FaultRule(
+        id="meta_tensor",
+        patterns=(
+            r"Cannot copy out of meta tensor", r"Module\.to_empty\(\) instead of torch\.nn\.Module\.to\(\)",
+            r"Tensor\.item\(\) cannot be called on meta tensors",
+            # Parameters left on the meta device show up as a device mismatch too.
+            r"found at least two devices, (?:meta and \w+|[\w:]+ and meta\b)",
+            r"\bis on meta, different from other tensors", r"Tensor on device meta is not on the expected device",
+        ),
+        explanation="Part of the model was never loaded (it is still on the meta device), usually because "
+        "the checkpoint's key layout does not match the model.",
+    ),
+    FaultRule(
+        id="device_mismatch",
+        patterns=(
+            r"Expected all tensors to be on the same device", r"found at least two devices",
+            r"\bis on (?:cpu|cuda:\d+|mps:\d+|xpu:\d+), different from other tensors on",
+            r"Input type \(torch\.cuda\.\w+\) and weight type \(torch\.(?!cuda\.)\w+\)",
+            r"Input type \(torch\.(?!cuda\.)\w+\) and weight type \(torch\.cuda\.",
+            r"Expected object of device type \w+ but got device type",
+        ),
+        explanation="Tensors on the CPU and on the GPU met in one operation, typically through cached "
+        "latents or text-encoder outputs that stayed on the wrong device.",
+    ),
+    FaultRule(
+        id="cuda_oom",
+        patterns=(
+            r"CUDA out of memory", r"OutOfMemoryError", r"CUDA error: out of memory", r"HIP out of memory",
+            r"MPS backend out of memory", r"Including non-PyTorch memory",
+            # torch 2.0-2.1 misspelt "capacity"; either spelling, for wrapped messages.
+            r"GPU \d+ has a total capac(?:i|)ty of",
+            r"CUBLAS_STATUS_ALLOC_FAILED", r"CUDNN_STATUS_ALLOC_FAILED", r"cudaErrorMemoryAllocation",
+            # cuBLAS cannot even create its handle when the card is full.
+            r"CUBLAS_STATUS_NOT_INITIALIZED when calling `?cublasCreate", r"Cuda failure '?out of memory",
+        ),
+        explanation="The GPU ran out of memory.",
+    ),
+    FaultRule(
+        id="nccl_timeout",
+        patterns=(
+            r"Watchdog caught collective operation timeout", r"ran for \d+ milliseconds before timing out",
+            r"Heartbeat monitor timed out", r"DistStoreError: .*[Tt]imed out",
+        ),
+        explanation="A collective operation between GPUs timed out: one rank stalled or died.",
+    ),
+    FaultRule(
+        id="nccl_error",
+        patterns=(
+            r"NCCL [Ee]rror", r"DistBackendError", r"NCCL communicator was aborted",
+            r"\bnccl(?:InternalError|UnhandledCudaError|SystemError|InvalidArgument|InvalidUsage|RemoteError)\b",
+            r"NCCL watchdog thread terminated with exception",
+        ),
+        explanation="Communication between GPUs (NCCL) failed.",
+    ),
+    FaultRule(
+        id="missing_dependency",
+        patterns=(
+            r"ModuleNotFoundError", r"No module named ", r"\bImportError\b", r"cannot import name '",
+            r"library but it was not found in your environment", r"Torch not compiled with CUDA enabled",
+            # No usable GPU at all: neither a restart nor a flag change fixes the
+            # environment, so it stops with the other environment faults.
+            r"No CUDA GPUs are available", r"Found no NVIDIA driver on your system",
+            r"NVIDIA driver on your system is too old", r"CUDA driver version is insufficient for CUDA runtime",
+            r"no kernel image is available for execution on the device", r"_base requires torch>=",
+            r"DLL load failed", r"cannot open shared object file", r"undefined symbol: ",
+        ),
+        # xformers and bitsandbytes print a caught "No module named 'triton'" and go on.
+        excludes=(r"Error caught was", r"No module named '?triton", r"some optimizations will not be enabled"),
+        restartable=False,
+        explanation="The trainer's environment lacks a package, a working CUDA build of torch, or a GPU.",
+    ),
+    FaultRule(
+        id="cuda_fatal",
+        patterns=(
+            r" illegal memory access", r" unspecified launch failure", r"AcceleratorError",
+            r"device-side assert(?:ion)? triggered", r"Assertion `.*` failed\.", r"CUBLAS_STATUS_[A-Z_]+",
+            r"CUDNN_STATUS_(?:EXECUTION_FAILED|INTERNAL_ERROR|MAPPING_ERROR)",
+            r"illegal instruction was encountered", r"error: misaligned address", r"uncorrectable ECC error",
+            r"CUDA error: ",  # any other CUDA error; the specific ones are claimed by rules above
+        ),
+        excludes=(r"invalid device ordinal",),
+        explanation="The GPU reported a fatal error (illegal access, launch failure, device-side assert or a "
+        "cuBLAS failure); the CUDA context is lost and the process must start over.",
+    ),
+    FaultRule(
+        id="corrupt_checkpoint",
+        patterns=(
+            r"HeaderTooLarge", r"MetadataIncompleteBuffer", r"InvalidHeaderDeserialization",
+            r"Error while deserializing header", r"incomplete metadata, file not fully covered",
+            r"PytorchStreamReader failed", r"Error loading file: .*\.npz", r"BadZipFile", r"UnpicklingError",
+            r"EOFError: Ran out of input",
+            # A state dir that exists but lacks one of its files is an incomplete
+            # state, not a bad --resume path (that one is config_error below).
+            (r"No such file or directory: '[^']*-state[/\\]+(?:optimizer\.bin|scheduler\.bin|scaler\.pt"
+             r"|random_states_\d+\.pkl|model\.safetensors|pytorch_model\.bin)'"),
+        ),
+        explanation="A saved state or cache file cannot be read: it is truncated or corrupt.",
+    ),
+    FaultRule(
+        id="te_cache_none",
+        patterns=(
+            r"'NoneType' object has no attribute '(?:to|ndim)'", r"not enough values to unpack \(expected 4, got 0\)",
+        ),
+        # The same AttributeError from a dataset or a model loader is a different bug.
+        excludes=(r"[Dd]ata[Ll]oader", r"[Dd]ataset", r"__getitem__", r"(?<![a-z])load_\w"),
+        # The scanner checks the frames of the traceback the message ends: sampling
+        # code confirms, a dataset or loader frame refutes (innermost frame first),
+        # frames of neither kind refute; with no frames in sight the message decides.
+        frames_require=(r"sample", r"prompt"),
+        frames_exclude=(r"__getitem__", r"(?<![a-z])load_", r"[Dd]ataset", r"[Dd]ata[Ll]oader"),
+        explanation="A sample prompt has no entry in the text-encoder output cache (it was edited or added "
+        "after the cache was built).",
+    ),
+    FaultRule(
+        id="nan_latents",
+        patterns=(r"NaN detected in (?:flipped )?latents",),
+        explanation="The VAE produced NaN latents, usually from running it in half precision.",
+    ),
+    FaultRule(
+        id="nan_loss",
+        patterns=(r"loss=nan\b",),
+        live=True,
+        explanation="The training loss became NaN; the trainer keeps going but learns nothing.",
+    ),
+    FaultRule(
+        id="flag_conflict",
+        patterns=(
+            # sd-scripts' assertions (wording varies a little between scripts and versions)
+            r"AssertionError: when caching .*cannot be used", r"caption_tag_dropout_rate cannot be used",
+            r"either color_aug or random_crop cannot be used", r"network for Text Encoder cannot be trained with caching",
+            r"(?:fp8_base|full_fp16|full_bf16) requires mixed precision", r"blocks_to_swap is not supported with",
+            r"fused_backward_pass currently only works with",
+            (_ERROR_CLASS + r": .*\b(?:cannot be used|can't be used|cannot be trained|cannot be specified)"
+             r" (?:with|together|at the same time)"),
+            _ERROR_CLASS + r": .*\b(?:is|are) not supported with --?\w",
+        ),
+        explanation="The trainer refused a combination of options at start-up.",
+    ),
+    FaultRule(
+        id="disk_full",
+        patterns=(
+            r"No space left on device", r"Errno 28\b", r"\bStorageFull\b", r"\bENOSPC\b", r"Disk quota exceeded",
+            r"PytorchStreamWriter failed writing file", r"unexpected pos \d+ vs \d+",
+        ),
+        # A full /dev/shm is shm_exhausted; a refused write is a permission problem.
+        excludes=(r"/dev/shm", r"</torch_", r"PermissionError", r"Permission ?[Dd]enied", r"Errno 13\b"),
+        restartable=False,
+        explanation="The disk is full; a restart would fail the same way until space is freed.",
+    ),
+    FaultRule(
+        id="config_error",
+        patterns=(
+            r"error: unrecognized arguments:", r"error: argument --?\w", r"error: the following arguments are required",
+            r"FileNotFoundError", r"No such file or directory", r"NotADirectoryError", r"IsADirectoryError",
+            r"TOMLDecodeError", r"TomlDecodeError", r"Invalid TOML",
+            r"PermissionError", r"Permission denied", r"PermissionDenied", r"Errno 13\b",
+            r"No data found\. Please verify arguments", r"max_train_steps should be greater than initial step",
+            # accelerate's load_state on a --resume path that is not a directory.
+            r"Tried to find .* but folder does not exist",
+            r"error: invalid device ordinal", r"Invalid user config", r"voluptuous\.error\.\w*Invalid",
+            r"does not appear to have a file named", r"is not a local folder and is not a valid model identifier",
+            r"RepositoryNotFoundError", r"GatedRepoError", r"RuntimeError: File .* cannot be opened\.",
+            r"Parent directory .* does not exist", r"AssertionError: \w+ is required$",
+        ),
+        restartable=False,
+        explanation="The command or its configuration is wrong (an argument, a path, a TOML file, a "
+        "permission or a missing dataset); a restart cannot fix it.",
+    ),
+    FaultRule(
+        id="host_oom_killed",
+        patterns=(
+            r"^Killed$", r"\d+ Killed\b", r"died with <Signals\.SIGKILL: 9>", r"returned non-zero exit status (?:-9|137)\b",
+            r"exitcode\s*: -9\b", r"exit code (?:-9|137)\b", r"exit code: (?:-9|137)\b", r"Signal 9 \(SIGKILL\)",
+            r"is killed by signal: Killed", r"Out of memory: Killed process",
+            r"DefaultCPUAllocator: (?:not enough memory|can't allocate memory)",
+        ),
+        strength="weak",
+        explanation="The process was killed (SIGKILL), most often by the kernel when host RAM ran out.",
+    ),
+)
+
+
+# User rules from a policy file (validated here, so errors point into that file).
+
+_USER_KEYS = frozenset({"id", "patterns", "excludes", "strength", "restartable", "explanation", "live", "extends"})
+_EXTEND_KEYS = frozenset({"id", "patterns", "excludes", "extends"})
+_NO_RULES = frozenset({"hang", "unknown"})  # decided by a timer / by elimination
+
+
+def _need(ok: bool, message: str) -> None:
+    # Policy errors are ValueErrors (the policy loader reports them as such), even
+    # where the cause is a value of the wrong type.
+    if not ok:
+        raise ValueError(message)
+
+
+def load_user_rules(data: object, source: str) -> tuple[FaultRule, ...]:
+    """Validate the ``rules`` list of a policy file into FaultRules.
+
+    A rule whose id is a built-in one must say ``extends: true``; its patterns and
+    excludes are then added to the built-in rule's, and the result carries the
+    merged rule under the built-in id.  Errors name the file, the item and the field,
+    e.g. ``policy.yaml:12: rules[2].patterns[0]: invalid regex '(': ...``.
+    """
+    if data is None:
+        return ()
+    _need(isinstance(data, list), f"{source}: rules: expected a list of mappings, got {type(data).__name__}")
+    assert isinstance(data, list)
+    builtin = {r.id: r for r in BUILTIN_RULES}
+    out: list[FaultRule] = []
+    for n, item in enumerate(data):
+        where = f"{source}: rules[{n}]"
+        _need(isinstance(item, dict), f"{where}: expected a mapping, got {type(item).__name__}")
+        assert isinstance(item, dict)
+        unknown = sorted(str(k) for k in item if k not in _USER_KEYS)
+        _need(not unknown, f"{where}: unknown keys: {', '.join(unknown)} (allowed: {', '.join(sorted(_USER_KEYS))})")
+        rid = item.get("id")
+        _need(isinstance(rid, str) and _ID_SHAPE.fullmatch(rid) is not None,
+              f"{where}.id: expected lowercase letters, digits and _ (e.g. my_fault), got {rid!r}")
+        assert isinstance(rid, str)
+        _need(all(r.id != rid for r in out), f"{where}.id: {rid!r} is defined twice")
+        _need(rid not in _NO_RULES, f"{where}.id: {rid!r} is decided without line rules and takes no patterns")
+        extends = item.get("extends", False)
+        _need(isinstance(extends, bool), f"{where}.extends: expected true or false, got {extends!r}")
+        patterns = _regex_list(item, "patterns", where, required=True)
+        excludes = _regex_list(item, "excludes", where, required=False)
+        if not extends:
+            _need(rid not in builtin,
+                  f"{where}.id: {rid!r} is a built-in fault; set extends: true to add patterns to it")
+        else:
+            _need(rid in builtin, f"{where}.extends: {rid!r} is not a built-in fault, so there is nothing to extend")
+            extra = sorted(str(k) for k in item if k not in _EXTEND_KEYS)
+            _need(not extra, f"{where}: {', '.join(extra)} cannot be changed when extending a built-in fault")
+            base = builtin[rid]
+            out.append(replace(base, patterns=base.patterns + patterns, excludes=base.excludes + excludes))
+            continue
+        strength = item.get("strength", "root")
+        _need(strength in ("root", "weak"), f"{where}.strength: expected 'root' or 'weak', got {strength!r}")
+        restartable, live = item.get("restartable", True), item.get("live", False)
+        for name, value in (("restartable", restartable), ("live", live)):
+            _need(isinstance(value, bool), f"{where}.{name}: expected true or false, got {value!r}")
+        explanation = item.get("explanation", f"matched user rule {rid} from {source}")
+        _need(isinstance(explanation, str), f"{where}.explanation: expected a string, got {explanation!r}")
+        out.append(FaultRule(id=rid, patterns=patterns, excludes=excludes,
+                             strength="weak" if strength == "weak" else "root", restartable=bool(restartable),
+                             explanation=str(explanation), live=bool(live)))
+    return tuple(out)
+
+
+def _regex_list(item: dict[object, object], name: str, where: str, *, required: bool) -> tuple[str, ...]:
+    value = item.get(name)
+    if value is None and not required:
+        return ()
+    _need(isinstance(value, list) and bool(value), f"{where}.{name}: expected a non-empty list of regexes, got {value!r}")
+    assert isinstance(value, list)
+    for i, p in enumerate(value):
+        _need(isinstance(p, str), f"{where}.{name}[{i}]: expected a string, got {p!r}")
+        try:
+            re.compile(p)
+        except re.error as exc:
+            raise ValueError(f"{where}.{name}[{i}]: invalid regex {p!r}: {exc}") from None
+    return tuple(value)
+
+
+def compose_rules(user: Sequence[FaultRule], builtin: Sequence[FaultRule] = BUILTIN_RULES) -> tuple[FaultRule, ...]:
+    """The effective rule table: new user faults first (their wording is the more
+    specific), then the built-ins in their order with extended ones replaced in place."""
+    ids = {r.id for r in builtin}
+    override = {r.id: r for r in user if r.id in ids}
+    return tuple(r for r in user if r.id not in ids) + tuple(override.get(r.id, r) for r in builtin)

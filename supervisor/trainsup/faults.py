@@ -1,0 +1,476 @@
+"""Streaming fault classification of one attempt's output, and of how it ended.
+
+``FaultScanner.feed`` sees every output line of an attempt (stdout and stderr
+interleaved, split on ``\\n`` and ``\\r``) and reports new evidence at once, so the
+supervisor can journal it or act on live faults while the child still runs.  The
+verdict is the first root-strength evidence: launcher noise that follows the real
+traceback (accelerate's ``CalledProcessError``, torchrun's ``ChildFailedError``)
+never overrides it.  ``classify_exit`` combines the verdict with the exit status.
+
+Cost: nearly every line is a progress bar or an info log, and those must cost a
+microsecond or two.  Each pattern gets keys derived from its regex: literals one of
+which every match contains (a substring starting at an uncommon character, all
+checked by one trie-shaped regex that the engine skips through quickly, or a whole
+word, checked by one ``split``).  Only lines holding a key reach the patterns, and
+only the patterns whose keys they hold.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .fault_rules import BUILTIN_RULES, IGNORED_LINE_PATTERNS, FaultRule, compose_rules, load_user_rules
+from .linetext import bar_tail, clean_line, rank_tag
+
+__all__ = [
+    "Evidence",
+    "ExitInfo",
+    "FaultScanner",
+    "KeyIndex",
+    "classify_exit",
+    "classify_text",
+    "compose_rules",
+    "load_user_rules",
+    "parse_child_status",
+]
+
+_TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
+_FRAME = re.compile(r'^File "([^"]*)", line \d+, in (.+)$')
+# Frames older than this many lines no longer describe the current message; the
+# slack lets two or three interleaved ranks print between frame and message.
+_FRAME_STALE_LINES = 12
+_STATUS = re.compile(r"returned non-zero exit status (-?\d+)")
+_SIGNAL = re.compile(r"died with <Signals\.SIG\w+: (\d+)>")
+_TORCHRUN = re.compile(r"^exitcode  +: (-?\d+)|\(exitcode: (-?\d+)\)")
+_IGNORED = tuple(re.compile(p) for p in IGNORED_LINE_PATTERNS)
+_TB, _FR, _ST = -1, -2, -3  # owners of the structural patterns in the key index
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """A line that is evidence for a fault: ``line`` as the child wrote it (two lines
+    joined by ``\\n`` when a wrapped message matched across them), ``lineno`` its first."""
+
+    fault: str
+    line: str
+    lineno: int
+    strength: str
+
+
+@dataclass(frozen=True)
+class ExitInfo:
+    """How an attempt ended, including the real child's status behind accelerate."""
+
+    exit_code: int | None
+    signal: int | None
+    child_status: int | None
+    child_signal: int | None
+    success_marker_seen: bool
+
+
+@dataclass
+class _Prev:
+    text: str  # cleaned text a wrapped message may continue from
+    raw: str
+    lineno: int
+    hit: bool  # whether it held a key
+
+
+class FaultScanner:
+    """Classifies one attempt's output line by line; use one scanner per attempt."""
+
+    def __init__(self, rules: Sequence[FaultRule] = BUILTIN_RULES) -> None:
+        self._rules = tuple(rules)
+        self._excludes = [tuple(re.compile(p) for p in r.excludes) for r in self._rules]
+        self._frames_require = [tuple(re.compile(p) for p in r.frames_require) for r in self._rules]
+        self._frames_exclude = [tuple(re.compile(p) for p in r.frames_exclude) for r in self._rules]
+        # One flat, ordered pattern list: the rules' patterns in table order (so the
+        # lowest matching index is the winning rule), then the structural ones.
+        self._owner: list[int] = []
+        patterns: list[re.Pattern[str]] = []
+        for i, rule in enumerate(self._rules):
+            for p in rule.patterns:
+                self._owner.append(i)
+                patterns.append(re.compile(p))
+        for owner, structural in ((_TB, _TRACEBACK), (_FR, _FRAME), (_ST, _STATUS), (_ST, _SIGNAL), (_ST, _TORCHRUN)):
+            self._owner.append(owner)
+            patterns.append(structural)
+        self._patterns = patterns
+        self._index = KeyIndex(patterns)
+        self._prev: _Prev | None = None
+        self._frames: dict[str, tuple[int, list[str]]] = {}
+        self._seen: dict[str, Evidence] = {}
+        self._root: Evidence | None = None
+        self._weak: Evidence | None = None
+        self._child: tuple[int | None, int | None] | None = None
+
+    @property
+    def verdict(self) -> Evidence | None:
+        """The root cause so far: the first root evidence, else the first weak one."""
+        return self._root if self._root is not None else self._weak
+
+    @property
+    def evidence(self) -> tuple[Evidence, ...]:
+        """The first evidence of each fault seen, in the order seen."""
+        return tuple(self._seen.values())
+
+    @property
+    def child_status(self) -> tuple[int | None, int | None] | None:
+        """The last ``(status, signal)`` the launcher reported for its child, if any."""
+        return self._child
+
+    def feed(self, raw_line: str, lineno: int) -> Evidence | None:
+        """Scan one output line; return Evidence when it is the first for its fault."""
+        text = clean_line(raw_line)
+        if not text:
+            self._prev = None
+            return None
+        hit = self._index.hit(text)
+        tail = bar_tail(text) if "%|" in text else None
+        ev: Evidence | None = None
+        structural = False
+        if hit:
+            ev, structural = self._scan(text, raw_line, lineno)
+        prev = self._prev
+        # A message rich wrapped: only when this line is neither a bar nor a traceback
+        # line, and a key sits on either side of the join or straddles it.
+        if (ev is None and not structural and tail is None and prev is not None
+                and (hit or prev.hit or self._index.boundary_hit(prev.text, text))):
+            ev = self._scan_joined(prev, text, raw_line)
+        if ev is not None or structural:
+            self._prev = None
+        elif tail is not None:  # only text glued after a bar can be continued
+            self._prev = _Prev(tail, raw_line, lineno, self._index.hit(tail)) if tail else None
+        else:
+            self._prev = _Prev(text, raw_line, lineno, hit)
+        return self._record(ev)
+
+    def _scan(self, text: str, raw: str, lineno: int) -> tuple[Evidence | None, bool]:
+        """Slow path for a line holding a key: traceback structure, status, then rules."""
+        candidates = self._index.candidates(text)
+        structural = False
+        for k in candidates:
+            owner = self._owner[k]
+            if owner == _TB and _TRACEBACK.search(text):
+                self._frames[rank_tag(raw)] = (lineno, [])
+                structural = True
+            elif owner == _FR and (m := _FRAME.match(text)) is not None:
+                frames = self._frames.setdefault(rank_tag(raw), (lineno, []))[1]
+                frames.append(m.group(1).replace("\\", "/").rsplit("/", 1)[-1] + " " + m.group(2))
+                self._frames[rank_tag(raw)] = (lineno, frames)
+                return None, True
+            elif owner == _ST and (status := parse_child_status(text)) is not None:
+                self._child = status
+        return self._match(text, raw, lineno, raw, candidates, None), structural
+
+    def _scan_joined(self, prev: _Prev, text: str, raw: str) -> Evidence | None:
+        """Try ``prev + text`` without and with a space (rich folds long words mid-word)."""
+        for sep in ("", " "):
+            joined = prev.text + sep + text
+            candidates = self._index.candidates(joined)
+            ev = self._match(joined, raw, prev.lineno, prev.raw + "\n" + raw, candidates, len(prev.text))
+            if ev is not None:
+                return ev
+        return None
+
+    def _match(self, text: str, raw: str, lineno: int, line: str, candidates: list[int],
+               boundary: int | None) -> Evidence | None:
+        """The first rule in table order with a candidate pattern that matches unrefuted."""
+        refuted = -1
+        for k in candidates:  # ascending: table order
+            i = self._owner[k]
+            if i < 0 or i == refuted:
+                continue
+            m = self._patterns[k].search(text)
+            # A joined text only counts when the match spans the join.
+            if m is None or (boundary is not None and not m.start() < boundary < m.end()):
+                continue
+            if any(x.search(text) for x in _IGNORED):
+                return None  # a warning is never evidence, whatever it mentions
+            if any(x.search(text) for x in self._excludes[i]) or not self._frames_allow(i, raw, lineno):
+                refuted = i  # a refuted rule stays refuted for this line; later rules may match
+                continue
+            rule = self._rules[i]
+            return Evidence(rule.id, line, lineno, rule.strength)
+        return None
+
+    def _frames_allow(self, i: int, raw: str, lineno: int) -> bool:
+        """Judge a frame-checked rule by the frames of the traceback the message ends."""
+        require, exclude = self._frames_require[i], self._frames_exclude[i]
+        if not require and not exclude:
+            return True
+        last, frames = self._frames.get(rank_tag(raw), (0, []))
+        if not frames or lineno - last > _FRAME_STALE_LINES:
+            return True  # no traceback in sight: the message alone decides
+        for frame in reversed(frames):  # innermost first
+            if any(x.search(frame) for x in exclude):
+                return False
+            if any(x.search(frame) for x in require):
+                return True
+        return False
+
+    def _record(self, ev: Evidence | None) -> Evidence | None:
+        if ev is None or ev.fault in self._seen:
+            return None
+        self._seen[ev.fault] = ev
+        if ev.strength == "root":
+            if self._root is None:
+                self._root = ev
+        elif self._weak is None:
+            self._weak = ev
+        return ev
+
+
+def classify_text(lines: Iterable[str], rules: Sequence[FaultRule] = BUILTIN_RULES) -> Evidence | None:
+    """The verdict for a finished log; an item may hold several ``\\n``/``\\r`` separated lines."""
+    scanner = FaultScanner(rules)
+    lineno = 0
+    for chunk in lines:
+        for line in re.split(r"\r\n|\r|\n", chunk.rstrip("\r\n")):
+            lineno += 1
+            scanner.feed(line, lineno)
+    return scanner.verdict
+
+
+def classify_exit(info: ExitInfo, verdict: Evidence | None) -> str | None:
+    """The fault id of a finished attempt, or None for a clean finish.
+
+    Evidence from the output wins; then a SIGKILL of the process or of the real child
+    behind accelerate (which exits 1 and only prints the child's fate) means the host
+    OOM killer; any other failure is ``unknown``.  Exit 0 is clean only with the
+    success marker (``model saved.``): sd-scripts exits 0 after "No data found".
+    """
+    if verdict is not None:
+        return verdict.fault
+    if info.signal == 9 or info.exit_code in (137, -9) or info.child_signal == 9 or info.child_status in (137, -9):
+        return "host_oom_killed"
+    if info.signal is not None or info.exit_code != 0:
+        return "unknown"
+    if info.child_signal is not None or info.child_status not in (None, 0):
+        return "unknown"
+    return None if info.success_marker_seen else "unknown"
+
+
+def parse_child_status(clean_line: str) -> tuple[int | None, int | None] | None:
+    """``(status, signal)`` of the child as accelerate or torchrun report it, else None."""
+    m = _STATUS.search(clean_line)
+    if m is not None:
+        return int(m.group(1)), None
+    m = _SIGNAL.search(clean_line)
+    if m is not None:
+        return None, int(m.group(1))
+    m = _TORCHRUN.search(clean_line)
+    if m is not None:
+        code = int(m.group(1) or m.group(2))
+        return (None, -code) if code < 0 else (code, None)
+    return None
+
+
+# --- The prefilter: keys derived from the patterns -------------------------------------
+
+def _sre_parser() -> Any:
+    # The regex parser is private (re._parser from 3.11, sre_parse before); without
+    # it every pattern is tried on every line, which is slow but still correct.
+    for name in ("re._parser", "sre_parse"):
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    return None
+
+
+_SRE = _sre_parser()
+_MAX_KEY = 12
+_LOWER = frozenset("abcdefghijklmnopqrstuvwxyz")
+_COMMON = _LOWER | frozenset("0123456789 \t")
+_RARE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ'\"<>!?*#@$&{}~^`;\\")
+# Words too frequent in trainer logs to be worth a key (they would send every
+# "loading model" or "caching latents" line down the slow path).
+_STOPWORDS = frozenset(
+    "loading caching latents memory model device found total write bytes space tensors image images "
+    "steps epoch file files using cannot expected object weight output module import driver available "
+    "status signal failed failure launch writing required directory folder supported works requires".split()
+)
+Key = tuple[str, str]  # ("tok", whole word) or ("sub", substring)
+_Choice = tuple[float, int, frozenset[Key]]  # (cost, -shortest key length, keys)
+
+
+def _run_choices(run: str, left: bool, right: bool) -> list[_Choice]:
+    """Keys one literal run offers, with what each costs the per-line check."""
+    out: list[_Choice] = []
+    words = run.split(" ")
+    for i, w in enumerate(words):
+        # A word bounded by spaces (or ^/$) inside the run is a whole token of any match.
+        if len(w) >= 3 and w.isprintable() and (i > 0 or left) and (i < len(words) - 1 or right):
+            if not _LOWER.issuperset(w):  # capitals, digits or punctuation: a rare word
+                out.append((0 if len(w) >= 5 else 2.5, -len(w), frozenset({("tok", w)})))
+            elif w not in _STOPWORDS:
+                out.append((1 if len(w) >= 10 else 3 if len(w) >= 5 else 3.5, -len(w), frozenset({("tok", w)})))
+    for i, ch in enumerate(run[:-2]):
+        if ch not in _COMMON:
+            key = run[i:i + _MAX_KEY]
+            out.append((1 if ch in _RARE else 2, -len(key), frozenset({("sub", key)})))
+    if len(run) >= 4:
+        out.append((4, -min(len(run), _MAX_KEY), frozenset({("sub", run[:_MAX_KEY])})))
+    return out
+
+
+def _best_keys(items: list[Any], ci: bool) -> _Choice | None:
+    """The cheapest key set, one key of which every match of ``items`` contains."""
+    choices: list[_Choice] = []
+    run: list[str] = []
+    left = at_start = False
+
+    def flush(right: bool) -> None:
+        if run:
+            choices.extend(_run_choices("".join(run), left, right))
+            run.clear()
+
+    for op, av in items:
+        name = str(op)
+        if name == "LITERAL":
+            left = left if run else at_start
+            run.append(chr(av).lower() if ci else chr(av))
+            at_start = False
+            continue
+        at_start = False
+        if name == "AT":  # zero-width: \b keeps the run going, ^ and $ bound it
+            if str(av) in ("AT_BEGINNING", "AT_BEGINNING_STRING"):
+                flush(False)
+                at_start = True
+            elif str(av) in ("AT_END", "AT_END_STRING"):
+                flush(True)
+            continue
+        flush(False)
+        sub: _Choice | None = None
+        if name == "BRANCH":
+            alts = [_best_keys(list(alt.data), ci) for alt in av[1]]
+            picked = [a for a in alts if a is not None]
+            if picked and len(picked) == len(alts):
+                sub = (max(a[0] for a in picked), max(a[1] for a in picked), frozenset().union(*(a[2] for a in picked)))
+        elif name == "SUBPATTERN" and not ((av[1] | av[2]) & re.IGNORECASE):
+            sub = _best_keys(list(av[3].data), ci)
+        elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT") and av[0] >= 1:
+            sub = _best_keys(list(av[2].data), ci)
+        if sub is not None:
+            choices.append(sub)
+    flush(False)
+    return min(choices, key=lambda c: (c[0], c[1])) if choices else None
+
+
+def pattern_keys(pattern: re.Pattern[str]) -> tuple[bool, frozenset[Key]] | None:
+    """``(case_insensitive, keys)``: every match contains one of the keys; None if unknown."""
+    if _SRE is None:
+        return None
+    try:
+        parsed = _SRE.parse(pattern.pattern)
+    except Exception:  # noqa: BLE001 - any trouble parsing only means "no prefilter"
+        return None
+    ci = bool(pattern.flags & re.IGNORECASE)
+    best = _best_keys(list(parsed.data), ci)
+    return None if best is None or best[0] > 4 else (ci, best[2])
+
+
+def _trie_regex(words: Iterable[str]) -> re.Pattern[str] | None:
+    """One alternation shaped as a trie; a word extending a shorter one is dropped."""
+    root: dict[str, Any] = {}
+    for w in sorted(set(words), key=len):
+        node = root
+        for ch in w:
+            if "" in node:
+                break
+            node = node.setdefault(ch, {})
+        else:
+            node.clear()
+            node[""] = {}
+
+    def emit(node: dict[str, Any]) -> str:
+        if "" in node:
+            return ""
+        alts = [re.escape(ch) + emit(child) for ch, child in sorted(node.items())]
+        return alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+
+    return re.compile(emit(root)) if root else None
+
+
+class _KeySet:
+    """The keys of one case mode, mapped back to the patterns they gate."""
+
+    def __init__(self, keyed: dict[Key, set[int]]) -> None:
+        self.tokens = {k[1]: v for k, v in keyed.items() if k[0] == "tok"}
+        subs = {k[1]: v for k, v in keyed.items() if k[0] == "sub"}
+        self.rx = _trie_regex(subs)
+        self.sub_map: dict[str, set[int]] = {}  # shortest key found by the trie -> patterns
+        for k, v in subs.items():
+            self.sub_map.setdefault(next(k[:n] for n in range(1, len(k) + 1) if k[:n] in subs), set()).update(v)
+        self.width = max((len(k) for k in subs), default=1) - 1
+
+    def hit(self, text: str) -> bool:
+        if self.rx is not None and self.rx.search(text) is not None:
+            return True
+        return bool(self.tokens) and not self.tokens.keys().isdisjoint(text.split())
+
+    def boundary_hit(self, a: str, b: str) -> bool:
+        if self.rx is not None:
+            wa, wb = a[-self.width:], b[: self.width]
+            if self.rx.search(wa + wb + "\n" + wa + " " + wb) is not None:
+                return True
+        if not self.tokens:
+            return False
+        space = b.find(" ")
+        return a[a.rfind(" ") + 1:] + (b if space < 0 else b[:space]) in self.tokens
+
+    def candidates(self, text: str, out: set[int]) -> None:
+        if self.rx is not None:
+            pos = 0
+            while (m := self.rx.search(text, pos)) is not None:
+                out.update(self.sub_map[m.group()])
+                pos = m.start() + 1
+        if self.tokens:
+            for token in self.tokens.keys() & set(text.split()):
+                out.update(self.tokens[token])
+
+
+class KeyIndex:
+    """The prefilter over a list of patterns: which lines, and which patterns, to try.
+
+    Patterns whose keys cannot be derived are tried on every line (correct, slower).
+    """
+
+    def __init__(self, patterns: Sequence[re.Pattern[str]]) -> None:
+        keyed: tuple[dict[Key, set[int]], dict[Key, set[int]]] = ({}, {})
+        always: set[int] = set()
+        for n, p in enumerate(patterns):
+            keys = pattern_keys(p)
+            if keys is None:
+                always.add(n)
+                continue
+            for key in keys[1]:
+                keyed[keys[0]].setdefault(key, set()).add(n)
+        self._always = frozenset(always)
+        self._cs = _KeySet(keyed[0])
+        self._ci = _KeySet(keyed[1]) if keyed[1] else None
+
+    def hit(self, text: str) -> bool:
+        """Whether any pattern could match ``text`` (never False when one does)."""
+        if self._always or self._cs.hit(text):
+            return True
+        return self._ci is not None and self._ci.hit(text.lower())
+
+    def boundary_hit(self, a: str, b: str) -> bool:
+        """Whether a key could straddle the join of ``a`` and ``b``, with or without a space."""
+        if self._cs.boundary_hit(a, b):
+            return True
+        return self._ci is not None and self._ci.boundary_hit(a.lower(), b.lower())
+
+    def candidates(self, text: str) -> list[int]:
+        """The indices, ascending, of the patterns that can match ``text``."""
+        out = set(self._always)
+        self._cs.candidates(text, out)
+        if self._ci is not None:
+            self._ci.candidates(text.lower(), out)
+        return sorted(out)

@@ -1,0 +1,129 @@
+"""Turning one raw output line of a training child into text that rules can match.
+
+A trainer's output reaches the supervisor decorated: ANSI colours from rich, rank
+tags from torchrun (``[rank0]:``), timestamps and level columns from rich, GUIs and
+log shippers (``[12:01:02] [STDERR]``, ``2024-08-01T12:00:00Z stdout F``,
+``INFO |``), rich's right-aligned ``train_util.py:123`` source column, and tqdm bars
+that the next message gets glued onto.  Fault patterns are written against the bare
+message, so everything here peels the decoration off and nothing else.
+
+Speed matters more than elegance: ``clean_line`` runs on every line of logs that
+reach several GB, so every regex is compiled once and the common case (a line with
+no decoration) is rejected after looking at its first and last few characters.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["bar_tail", "clean_line", "rank_tag", "strip_ansi"]
+
+# CSI sequences (colours, cursor moves), OSC sequences (rich writes hyperlinks as
+# OSC 8, ended by BEL or ST) and the remaining two-byte escapes.
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
+
+# One leading decoration; the whole prefix is any run of them.  Each alternative
+# must consume at least one character so the repetition below cannot spin.
+_ONE_PREFIX = r"""
+    \[(?:                                                       # bracketed: rank tags, times, stream tags
+        (?:rank|default)\d+\]:?
+      | \d{1,2}:\d{2}:\d{2}(?:[.,]\d+)?\]                       # [12:01:02]
+      | \d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\]:?
+      | \d{2}/\d{2}/\d{2,4}[ ]\d{2}:\d{2}:\d{2}\]               # rich's default [%x %X]
+      | (?:STDERR|STDOUT|stderr|stdout)\]:?
+    )
+  | \d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?:?   # bare ISO-ish dates
+  | (?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)            # level words, but only in the
+        (?:[ \t]*\||:|[ \t]{2,}|(?<=CRITICAL)[ ]|(?<=WARNING)[ ])  # shapes loggers print them in
+  | std(?:out|err)[ ][FP](?=\s)                                 # CRI (containerd/k8s) stream + tag
+  | \|(?=\s)                                                    # "| " column separators
+"""
+_PREFIX = re.compile(r"(?:\s*(?:" + _ONE_PREFIX + r"))+\s*", re.VERBOSE)
+
+# What follows the last run of 2+ spaces when rich added its source column.
+_SOURCE_COLUMN = re.compile(r"[\w.-]+\.py:\d+")
+
+# First characters a decorated line can start with; anything else skips the regex.
+_PREFIX_FIRST = frozenset("[0123456789 \t|DIWECF")
+
+# sd-scripts' own format (rich, datefmt "%Y-%m-%d %H:%M:%S"): a 19-character time or
+# 19 blanks (rich blanks a repeated time), a space, then the level padded to 8 and a
+# space.  It starts nearly every log record, so it gets a path without regexes.
+_RICH_LEVELS = frozenset({"DEBUG    ", "INFO     ", "WARNING  ", "ERROR    ", "CRITICAL "})
+
+# The end of a tqdm bar: "| 12/100 [00:01<00:09, 1.2it/s, avr_loss=0.1]".  The total
+# may be "?" and counts may carry k/M/G suffixes.
+_BAR_END = re.compile(r"\|\s*[\d.]+[kMG]?(?:/[\d.?]+[kMG]?)?(?:it)?\s*\[[^\]\n]*\]")
+
+_RANK = re.compile(r"\s*\[(?:rank|default)(\d+)\]")
+
+
+def strip_ansi(s: str) -> str:
+    """Remove ANSI escape sequences (colours, cursor moves, OSC hyperlinks)."""
+    if "\x1b" not in s:
+        return s
+    return _ANSI.sub("", s)
+
+
+def clean_line(s: str) -> str:
+    """Return the bare message of one output line, stripped of decoration.
+
+    Removes ANSI codes, any run of leading rank tags, timestamps, stream tags,
+    level columns and ``|`` separators, and rich's trailing ``file.py:123`` column.
+    """
+    if "\x1b" in s:
+        s = _ANSI.sub("", s)
+    if s[20:29] in _RICH_LEVELS and (
+        s[:20].isspace() or (s[4:5] == "-" and s[13:14] == ":" and s[19:20] == " ")
+    ):
+        s = s[29:]
+    if s[:1] in _PREFIX_FIRST or s.startswith("std"):
+        m = _PREFIX.match(s)
+        if m is not None:
+            s = s[m.end():]
+    s = s.rstrip()
+    if s[-1:].isdigit():
+        s = _drop_source_column(s)
+    return s.strip()
+
+
+def _drop_source_column(s: str) -> str:
+    """Remove rich's right-aligned ``file.py:123`` from the end of ``s``.
+
+    Only when at least two spaces of padding precede it, so that a sentence ending
+    in "see train.py:12" keeps its reference.  Splitting at the last double space is
+    several times cheaper than a regex search anchored at the end.
+    """
+    head, sep, tail = s.rpartition("  ")
+    if not sep or _SOURCE_COLUMN.fullmatch(tail) is None:
+        return s
+    return head
+
+
+def bar_tail(text: str) -> str | None:
+    """For a cleaned tqdm progress-bar line, the text glued on after the bar.
+
+    Returns None when ``text`` is not a bar, ``""`` for a bare bar, and the glued
+    remainder (for example ``Traceback (most recent call last):``) otherwise.  A bar
+    fragment whose end was overwritten counts as a bar with nothing after it: its
+    tail cannot be told apart from the bar, and the fault patterns are searched
+    anywhere in the line anyway.
+    """
+    pos = text.find("%|")
+    if pos < 0:
+        return None
+    m = _BAR_END.search(text, pos + 2)
+    if m is None:
+        return ""
+    return text[m.end():].strip()
+
+
+def rank_tag(raw: str) -> str:
+    """The rank number of a ``[rankN]:`` / ``[defaultN]:`` tagged line, else ``""``.
+
+    Used to keep the traceback state of interleaved ranks apart.
+    """
+    if "[rank" not in raw and "[default" not in raw:
+        return ""
+    m = _RANK.match(strip_ansi(raw))
+    return m.group(1) if m is not None else ""
