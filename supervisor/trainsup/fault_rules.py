@@ -267,10 +267,10 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
         id="flag_conflict",
         patterns=(
             # sd-scripts' assertions (wording varies a little between scripts and versions)
-            r"AssertionError: when caching .*cannot be used", r"caption_tag_dropout_rate cannot be used",
+            r"AssertionError: when caching .*cannot be used", r" caption_tag_dropout_rate cannot be used",
             r"either color_aug or random_crop cannot be used", r"network for Text Encoder cannot be trained with caching",
-            r"(?:fp8_base|full_fp16|full_bf16) requires mixed precision", r"blocks_to_swap is not supported with",
-            r"fused_backward_pass currently only works with",
+            r"(?:fp8_base|full_fp16|full_bf16) requires mixed precision", r" blocks_to_swap is not supported with",
+            r" fused_backward_pass currently only works with",
             (_ERROR_CLASS + r": .*\b(?:cannot be used|can't be used|cannot be trained|cannot be specified)"
              r" (?:with|together|at the same time)"),
             _ERROR_CLASS + r": .*\b(?:is|are) not supported with --?\w",
@@ -295,7 +295,7 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
             r"FileNotFoundError", r"No such file or directory", r"NotADirectoryError", r"IsADirectoryError",
             r"TOMLDecodeError", r"TomlDecodeError", r"Invalid TOML",
             r"PermissionError", r"Permission denied", r"PermissionDenied", r"Errno 13\b",
-            r"No data found\. Please verify arguments", r"max_train_steps should be greater than initial step",
+            r"No data found\. Please verify arguments", r" max_train_steps should be greater than initial step",
             # accelerate's load_state on a --resume path that is not a directory.
             r"Tried to find .* but folder does not exist",
             r"error: invalid device ordinal", r"Invalid user config", r"voluptuous\.error\.\w*Invalid",
@@ -311,7 +311,7 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
         id="host_oom_killed",
         patterns=(
             r"^Killed$", r"\d+ Killed\b", r"died with <Signals\.SIGKILL: 9>", r"returned non-zero exit status (?:-9|137)\b",
-            r"exitcode\s*: -9\b", r"exit code (?:-9|137)\b", r"exit code: (?:-9|137)\b", r"Signal 9 \(SIGKILL\)",
+            r"^exitcode\s+: -9\b", r" \(exitcode: -9\)", r"exit code (?:-9|137)\b", r"exit code: (?:-9|137)\b", r"Signal 9 \(SIGKILL\)",
             r"is killed by signal: Killed", r"Out of memory: Killed process",
             r"DefaultCPUAllocator: (?:not enough memory|can't allocate memory)",
         ),

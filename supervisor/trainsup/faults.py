@@ -72,14 +72,6 @@ class ExitInfo:
     success_marker_seen: bool
 
 
-@dataclass
-class _Prev:
-    text: str  # cleaned text a wrapped message may continue from
-    raw: str
-    lineno: int
-    hit: bool  # whether it held a key
-
-
 class FaultScanner:
     """Classifies one attempt's output line by line; use one scanner per attempt."""
 
@@ -101,7 +93,8 @@ class FaultScanner:
             patterns.append(structural)
         self._patterns = patterns
         self._index = KeyIndex(patterns)
-        self._prev: _Prev | None = None
+        # The previous line, for rejoining a message rich wrapped ("" = nothing to join).
+        self._prev_text, self._prev_raw, self._prev_lineno, self._prev_hit = "", "", 0, False
         self._frames: dict[str, tuple[int, list[str]]] = {}
         self._seen: dict[str, Evidence] = {}
         self._root: Evidence | None = None
@@ -127,26 +120,30 @@ class FaultScanner:
         """Scan one output line; return Evidence when it is the first for its fault."""
         text = clean_line(raw_line)
         if not text:
-            self._prev = None
+            self._prev_text = ""
             return None
-        hit = self._index.hit(text)
+        index = self._index
+        hit = index.hit(text)
         tail = bar_tail(text) if "%|" in text else None
         ev: Evidence | None = None
         structural = False
         if hit:
             ev, structural = self._scan(text, raw_line, lineno)
-        prev = self._prev
         # A message rich wrapped: only when this line is neither a bar nor a traceback
         # line, and a key sits on either side of the join or straddles it.
-        if (ev is None and not structural and tail is None and prev is not None
-                and (hit or prev.hit or self._index.boundary_hit(prev.text, text))):
+        prev = self._prev_text
+        if (prev and ev is None and not structural and tail is None
+                and (hit or self._prev_hit or index.boundary_hit(prev, text))):
             ev = self._scan_joined(prev, text, raw_line)
+        # Remember what the next line may continue: nothing after evidence or a
+        # traceback line, only the glued text after a bar, else this line.
         if ev is not None or structural:
-            self._prev = None
-        elif tail is not None:  # only text glued after a bar can be continued
-            self._prev = _Prev(tail, raw_line, lineno, self._index.hit(tail)) if tail else None
+            self._prev_text = ""
+        elif tail is not None:
+            self._prev_text, self._prev_hit = tail, bool(tail) and index.hit(tail)
         else:
-            self._prev = _Prev(text, raw_line, lineno, hit)
+            self._prev_text, self._prev_hit = text, hit
+        self._prev_raw, self._prev_lineno = raw_line, lineno
         return self._record(ev)
 
     def _scan(self, text: str, raw: str, lineno: int) -> tuple[Evidence | None, bool]:
@@ -167,12 +164,13 @@ class FaultScanner:
                 self._child = status
         return self._match(text, raw, lineno, raw, candidates, None), structural
 
-    def _scan_joined(self, prev: _Prev, text: str, raw: str) -> Evidence | None:
+    def _scan_joined(self, prev: str, text: str, raw: str) -> Evidence | None:
         """Try ``prev + text`` without and with a space (rich folds long words mid-word)."""
         for sep in ("", " "):
-            joined = prev.text + sep + text
+            joined = prev + sep + text
             candidates = self._index.candidates(joined)
-            ev = self._match(joined, raw, prev.lineno, prev.raw + "\n" + raw, candidates, len(prev.text))
+            line = self._prev_raw + "\n" + raw
+            ev = self._match(joined, raw, self._prev_lineno, line, candidates, len(prev))
             if ev is not None:
                 return ev
         return None
@@ -285,6 +283,7 @@ def _sre_parser() -> Any:
 
 _SRE = _sre_parser()
 _MAX_KEY = 12
+_FOLD_MIN = 16  # narrower than any column rich folds a word in
 _LOWER = frozenset("abcdefghijklmnopqrstuvwxyz")
 _COMMON = _LOWER | frozenset("0123456789 \t")
 _RARE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ'\"<>!?*#@$&{}~^`;\\")
@@ -293,23 +292,30 @@ _RARE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ'\"<>!?*#@$&{}~^`;\\")
 _STOPWORDS = frozenset(
     "loading caching latents memory model device found total write bytes space tensors image images "
     "steps epoch file files using cannot expected object weight output module import driver available "
-    "status signal failed failure launch writing required directory folder supported works requires".split()
+    "status signal failed failure launch writing required directory folder supported works requires dtype".split()
 )
 Key = tuple[str, str]  # ("tok", whole word) or ("sub", substring)
 _Choice = tuple[float, int, frozenset[Key]]  # (cost, -shortest key length, keys)
 
 
 def _run_choices(run: str, left: bool, right: bool) -> list[_Choice]:
-    """Keys one literal run offers, with what each costs the per-line check."""
+    """Keys one literal run offers, with what each costs.
+
+    Whole words cost nothing per line once the line is split, but a common word
+    sends many lines down the slow path; substrings cost the trie regex a step at
+    each position holding their first character, so they should start with one
+    that progress bars and info logs rarely hold.
+    """
     out: list[_Choice] = []
     words = run.split(" ")
     for i, w in enumerate(words):
         # A word bounded by spaces (or ^/$) inside the run is a whole token of any match.
-        if len(w) >= 3 and w.isprintable() and (i > 0 or left) and (i < len(words) - 1 or right):
-            if not _LOWER.issuperset(w):  # capitals, digits or punctuation: a rare word
-                out.append((0 if len(w) >= 5 else 2.5, -len(w), frozenset({("tok", w)})))
-            elif w not in _STOPWORDS:
-                out.append((1 if len(w) >= 10 else 3 if len(w) >= 5 else 3.5, -len(w), frozenset({("tok", w)})))
+        if len(w) < 3 or not w.isprintable() or not (i > 0 or left) or not (i < len(words) - 1 or right):
+            continue
+        if not _LOWER.issuperset(w):  # capitals, digits or punctuation: a rare word
+            out.append((0 if len(w) >= 5 else 2.5, -len(w), frozenset({("tok", w)})))
+        elif w not in _STOPWORDS:
+            out.append((1.2 if len(w) >= 8 else 1.8 if len(w) >= 5 else 3, -len(w), frozenset({("tok", w)})))
     for i, ch in enumerate(run[:-2]):
         if ch not in _COMMON:
             key = run[i:i + _MAX_KEY]
@@ -345,6 +351,10 @@ def _best_keys(items: list[Any], ci: bool) -> _Choice | None:
             elif str(av) in ("AT_END", "AT_END_STRING"):
                 flush(True)
             continue
+        if _is_space(name, av):  # \s or " +" between words: the run's last word ends here
+            flush(True)
+            at_start = True
+            continue
         flush(False)
         sub: _Choice | None = None
         if name == "BRANCH":
@@ -360,6 +370,17 @@ def _best_keys(items: list[Any], ci: bool) -> _Choice | None:
             choices.append(sub)
     flush(False)
     return min(choices, key=lambda c: (c[0], c[1])) if choices else None
+
+
+def _is_space(name: str, av: Any) -> bool:
+    """Whether an item always matches whitespace: ``\\s``, ``\\s+``, ``" +"``."""
+    if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+        if av[0] < 1 or len(av[2].data) != 1:
+            return False
+        name, av = str(av[2].data[0][0]), av[2].data[0][1]
+    if name == "LITERAL":
+        return bool(av == 32)
+    return name == "IN" and [(str(o), str(a)) for o, a in av] == [("CATEGORY", "CATEGORY_SPACE")]
 
 
 def pattern_keys(pattern: re.Pattern[str]) -> tuple[bool, frozenset[Key]] | None:
@@ -401,7 +422,8 @@ class _KeySet:
     """The keys of one case mode, mapped back to the patterns they gate."""
 
     def __init__(self, keyed: dict[Key, set[int]]) -> None:
-        self.tokens = {k[1]: v for k, v in keyed.items() if k[0] == "tok"}
+        self.token_map = {k[1]: v for k, v in keyed.items() if k[0] == "tok"}
+        self.tokens = frozenset(self.token_map)
         subs = {k[1]: v for k, v in keyed.items() if k[0] == "sub"}
         self.rx = _trie_regex(subs)
         self.sub_map: dict[str, set[int]] = {}  # shortest key found by the trie -> patterns
@@ -412,14 +434,18 @@ class _KeySet:
     def hit(self, text: str) -> bool:
         if self.rx is not None and self.rx.search(text) is not None:
             return True
-        return bool(self.tokens) and not self.tokens.keys().isdisjoint(text.split())
+        return bool(self.tokens) and not self.tokens.isdisjoint(text.split())
 
     def boundary_hit(self, a: str, b: str) -> bool:
+        wa, wb = a[-self.width:], b[: self.width]
+        # rich breaks a word only when it is longer than its column, so a join without
+        # a space is needed only after a row that ends in a long unbroken run.
+        folded = a.rfind(" ") < len(a) - _FOLD_MIN
         if self.rx is not None:
-            wa, wb = a[-self.width:], b[: self.width]
-            if self.rx.search(wa + wb + "\n" + wa + " " + wb) is not None:
+            s = wa + " " + wb + "\n" + wa + wb if folded else wa + " " + wb
+            if self.rx.search(s) is not None:
                 return True
-        if not self.tokens:
+        if not folded or not self.tokens:
             return False
         space = b.find(" ")
         return a[a.rfind(" ") + 1:] + (b if space < 0 else b[:space]) in self.tokens
@@ -431,8 +457,8 @@ class _KeySet:
                 out.update(self.sub_map[m.group()])
                 pos = m.start() + 1
         if self.tokens:
-            for token in self.tokens.keys() & set(text.split()):
-                out.update(self.tokens[token])
+            for token in self.tokens.intersection(text.split()):
+                out.update(self.token_map[token])
 
 
 class KeyIndex:

@@ -112,6 +112,8 @@ def bar_tail(text: str) -> str | None:
     pos = text.find("%|")
     if pos < 0:
         return None
+    if text.endswith("]"):
+        return ""  # the common case, a bare bar; a glued tail rarely ends in "]"
     m = _BAR_END.search(text, pos + 2)
     if m is None:
         return ""

@@ -183,24 +183,27 @@ class Trainer:
         unet_dtype = next(s.model.unet.parameters()).dtype
         logger.info(f"unet dtype: {unet_dtype}, device: cpu")
         bar = ProgressBar(args.max_train_steps - initial_step, desc="steps")
-        global_step = self._loop(bar, global_step, initial_step, epoch_to_start, num_train_epochs, num_batches)
+        global_step, current_epoch = self._loop(
+            bar, global_step, initial_step, epoch_to_start, num_train_epochs, num_batches
+        )
 
-        last_epoch = num_train_epochs
         if args.save_state:
             logger.info("")
             logger.info("saving last state.")
-            self.save_state(last_state_name(args.output_name), last_epoch, global_step)
-        self.save_weights(last_weights_name(args.output_name), global_step, last_epoch)
+            self.save_state(last_state_name(args.output_name), current_epoch, global_step)
+        self.save_weights(last_weights_name(args.output_name), global_step, num_train_epochs)
         logger.info("model saved.")
         bar.close()
 
     def _loop(
         self, bar: ProgressBar, global_step: int, initial_step: int, epoch_to_start: int,
         num_train_epochs: int, num_batches: int,
-    ) -> int:
+    ) -> tuple[int, int]:
+        """The epoch loop; returns (global_step, current epoch) where kohya's state hook reads them."""
         s, args = self.s, self.args
         ga = args.gradient_accumulation_steps
         loss_recorder = LossRecorder()
+        current_epoch = 0  # stays 0 when every epoch was skipped, as in kohya
         for epoch in range(epoch_to_start, num_train_epochs):
             print(f"\nepoch {epoch + 1}/{num_train_epochs}\n")
             current_epoch = epoch + 1
@@ -243,7 +246,7 @@ class Trainer:
                         self.save_state(epoch_state_name(args.output_name, epoch + 1), epoch + 1, global_step)
             if global_step >= args.max_train_steps:
                 break
-        return global_step
+        return global_step, current_epoch
 
     def _after_optimizer_step(self, global_step: int, current_epoch: int) -> None:
         s, args = self.s, self.args

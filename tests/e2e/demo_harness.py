@@ -1,0 +1,154 @@
+"""Shared harness for end-to-end runs of `trainsup run` over the demo trainer.
+
+Everything here is real: the demo trainer (torch on CPU) in child processes, trainsup as a
+subprocess, files on disk. A watcher thread snapshots every state dir and weights file the moment
+the journal records the first fault, so a test can prove none of them changed afterwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import load_file
+
+from tests.conftest import ROOT, trainsup_cmd
+
+DEMO_ENV_KEYS = ("TRAINSUP_DEMO_SIMULATE", "TRAINSUP_DEMO_STEP_SECONDS")
+FAST_POLICY = "backoff:\n  initial_s: 1.0\n  max_s: 2\nstop:\n  grace_s: 5\n"
+
+
+def demo_argv(script: str, assets: dict[str, Path], out: Path, *extra: str, python: str = sys.executable,
+              model: str = "model", steps: int = 20, save_every: int = 4) -> list[str]:
+    return [python, "-m", f"trainsup.demo.{script}",
+            "--pretrained_model_name_or_path", str(assets[model]),
+            "--train_data_dir", str(assets["dataset"]), "--output_dir", str(out), "--output_name", "lora",
+            "--max_train_steps", str(steps), "--save_every_n_steps", str(save_every), "--save_state",
+            "--seed", "1234", "--train_batch_size", "2", "--learning_rate", "1e-3", *extra]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in DEMO_ENV_KEYS}
+    env.update(extra)
+    return env
+
+
+def run_plain(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The demo trainer without trainsup (references, and proofs that a fault is real)."""
+    return subprocess.run(argv, cwd=ROOT, env=env or clean_env(), capture_output=True, text=True, timeout=300)
+
+
+def weights(path: Path) -> dict[str, np.ndarray]:
+    return load_file(str(path))
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    wa, wb = weights(a), weights(b)
+    assert sorted(wa) == sorted(wb)
+    for key in wa:
+        np.testing.assert_allclose(wa[key], wb[key], rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def digest_tree(out: Path) -> dict[str, str]:
+    """sha256 of every file under the state dirs and of every weights file in ``out``."""
+    found: dict[str, str] = {}
+    for path in sorted(out.rglob("*")):
+        rel = path.relative_to(out)
+        if rel.parts[0] in (".trainsup", "sample") or not path.is_file():
+            continue
+        found[str(rel)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
+
+
+@dataclass
+class SupervisedRun:
+    returncode: int
+    stdout: str
+    stderr: str
+    events: list[dict[str, Any]]
+    run_dir: Path
+    at_first_fault: dict[str, str] = field(default_factory=dict)
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["event"] == kind]
+
+
+def read_events(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "events.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def supervise(argv: list[str], out: Path, tmp: Path, env: dict[str, str] | None = None,
+              policy: str = FAST_POLICY, on_event: Any = None, timeout: float = 300) -> SupervisedRun:
+    """Run `trainsup run` over ``argv``; snapshot ``out`` at the first fault; call ``on_event`` for
+    each new journal event while it runs (tests use it to edit files mid-run)."""
+    pol = tmp / "policy.yaml"
+    pol.write_text(policy)
+    run_dir = out / ".trainsup"
+    proc = subprocess.Popen(trainsup_cmd("run", "--quiet", "--policy", str(pol), "--", *argv), cwd=ROOT,
+                            env=env or clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    snapshot: dict[str, str] = {}
+    streams: dict[str, str] = {}
+    readers = [threading.Thread(target=lambda n=n, s=s: streams.__setitem__(n, s.read()))
+               for n, s in (("out", proc.stdout), ("err", proc.stderr))]
+    for r in readers:
+        r.start()
+    seen = 0
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            done = proc.poll() is not None
+            events = read_events(run_dir)
+            for event in events[seen:]:
+                if event["event"] == "fault" and not snapshot:
+                    snapshot.update(digest_tree(out))
+                if on_event is not None:
+                    on_event(event)
+            seen = len(events)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                raise AssertionError("trainsup run did not finish in time")
+            time.sleep(0.01)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        for r in readers:
+            r.join()
+    return SupervisedRun(proc.returncode, streams.get("out", ""), streams.get("err", ""), read_events(run_dir),
+                         run_dir, snapshot)
+
+
+def assert_untouched(run: SupervisedRun, out: Path) -> None:
+    """Every state/weights file that existed at the first fault is byte-identical now."""
+    assert run.at_first_fault, "no snapshot was taken: the journal recorded no fault"
+    now = digest_tree(out)
+    for rel, digest in run.at_first_fault.items():
+        assert now.get(rel) == digest, f"{rel} was changed or removed after the fault"
+
+
+def copy_state(src_out: Path, dst_out: Path, step: int) -> Path:
+    """Give a fresh output dir the user's earlier state (and its weights) at ``step``."""
+    dst_out.mkdir(parents=True, exist_ok=True)
+    name = f"lora-step{step:08d}"
+    shutil.copytree(src_out / f"{name}-state", dst_out / f"{name}-state")
+    shutil.copy2(src_out / f"{name}.safetensors", dst_out / f"{name}.safetensors")
+    return dst_out / f"{name}-state"
+
+
+def finished_attempt(run: SupervisedRun) -> dict[str, Any]:
+    last = run.of("attempt_start")[-1]
+    return last

@@ -1,0 +1,140 @@
+"""The four documented faults, each from its broken command line to a finished run.
+
+Each test: the fault is real (or, where a CPU cannot produce it, simulated behind the demo's
+explicit switch); `trainsup run` exits 0; the journal names the class and the remedy; the attempt
+after the fault resumed from the newest complete state, not from step 0; the final weights equal an
+uninterrupted run with the corrected flags and the same seed; and every state and weights file that
+existed at the fault is byte-identical afterwards.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.demo_harness import (assert_same_weights, assert_untouched, clean_env, copy_state, demo_argv,
+                                    run_plain, supervise)
+
+
+def reference(assets: dict[str, Path], tmp: Path, script: str, *flags: str, **kw: object) -> Path:
+    out = tmp / "reference"
+    r = run_plain(demo_argv(script, assets, out, *flags, **kw))  # type: ignore[arg-type]
+    assert r.returncode == 0 and "model saved." in r.stderr, r.stderr[-3000:]
+    return out
+
+
+def resumed_attempt(run, state: Path | str, step: int) -> None:
+    starts = run.of("attempt_start")
+    assert len(starts) >= 2
+    assert starts[-1]["resume_from"] == str(state) and starts[-1]["resume_step"] == step
+    argv = starts[-1]["argv"]
+    assert argv[argv.index("--resume") + 1] == str(state) and "--skip_until_initial_step" in argv
+
+
+def test_meta_tensor_adds_fp8_base_and_resumes(assets: dict[str, Path], tmp_path: Path) -> None:
+    fixed = ("--fp8_base", "--mixed_precision", "bf16")
+    ref = reference(assets, tmp_path, "flux_train_network", *fixed, model="model_fp8")
+    out = tmp_path / "out"
+    user_state = copy_state(ref, out, 8)  # the user resumes an earlier run with the fp8 repack
+    broken = demo_argv("flux_train_network", assets, out, "--resume", str(user_state), model="model_fp8")
+    run = supervise(broken, out, tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert [f["class"] for f in run.of("fault")] == ["meta_tensor"]
+    remedy = run.of("remedy")[0]
+    assert remedy["class"] == "meta_tensor" and "add --fp8_base" in remedy["actions"][0]
+    assert "--fp8_base" in run.of("attempt_start")[-1]["argv"]
+    resumed_attempt(run, user_state, 8)
+    assert_same_weights(out / "lora.safetensors", ref / "lora.safetensors")
+    assert_untouched(run, out)
+
+
+def test_device_mismatch_drops_latent_caching_from_the_config_file(assets: dict[str, Path],
+                                                                    tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.txt"
+    shutil.copy(assets["prompts"], prompts)
+    sampling = ("--sample_prompts", str(prompts), "--sample_every_n_steps", "10")
+    ref = reference(assets, tmp_path, "train_network", *sampling)
+    config = tmp_path / "user.toml"
+    config.write_text("[training]\ncache_latents = true\nnetwork_dim = 4\n")
+    before = config.read_bytes()
+    out = tmp_path / "out"
+    broken = demo_argv("train_network", assets, out, "--config_file", str(config), *sampling)
+    run = supervise(broken, out, tmp_path, env=clean_env(TRAINSUP_DEMO_SIMULATE="device_mismatch"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert [f["class"] for f in run.of("fault")] == ["device_mismatch"]
+    actions = run.of("remedy")[0]["actions"]
+    assert any("cache_latents" in a and "derived" in a for a in actions)
+    argv = run.of("attempt_start")[-1]["argv"]
+    derived = Path(argv[argv.index("--config_file") + 1])
+    assert derived.parent == out / ".trainsup" / "derived" and "cache_latents" not in derived.read_text()
+    assert config.read_bytes() == before  # the user's file is never modified
+    # Sampling at step 10 crashed before the step-10 save: the newest complete state is step 8.
+    resumed_attempt(run, out / "lora-step00000008-state", 8)
+    assert_same_weights(out / "lora.safetensors", ref / "lora.safetensors")
+    assert_untouched(run, out)
+
+
+def test_prompt_edit_under_te_caching_restarts_from_the_last_state(assets: dict[str, Path],
+                                                                    tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.txt"
+    shutil.copy(assets["prompts"], prompts)
+    flags = ("--cache_text_encoder_outputs", "--sample_prompts", str(prompts), "--sample_every_n_steps", "10")
+    ref = reference(assets, tmp_path, "flux_train_network", *flags)
+    out = tmp_path / "out"
+    edited = []
+
+    def edit_after_first_state(event: dict) -> None:
+        if event["event"] == "state_saved" and not edited:
+            prompts.write_text("a red fox in fresh snow --w 16 --h 16 --s 4\n")
+            edited.append(event["step"])
+
+    run = supervise(demo_argv("flux_train_network", assets, out, *flags), out, tmp_path,
+                    env=clean_env(TRAINSUP_DEMO_STEP_SECONDS="0.15"), on_event=edit_after_first_state)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert edited == [4]
+    assert [f["class"] for f in run.of("fault")] == ["te_cache_none"]
+    assert "'NoneType' object has no attribute 'to'" in run.of("fault")[0]["evidence"]
+    assert run.of("remedy")[0]["actions"] == ["restart from the last safe state"]
+    resumed_attempt(run, out / "lora-step00000008-state", 8)
+    assert_same_weights(out / "lora.safetensors", ref / "lora.safetensors")
+    assert_untouched(run, out)
+
+
+@pytest.fixture
+def old_safetensors_python(tmp_path: Path) -> str:
+    """A real interpreter whose safetensors is 0.4.1 (float8 unsupported when saving)."""
+    venv = tmp_path / "venv041"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    py = str(venv / "bin" / "python")
+    subprocess.run([py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                    "safetensors==0.4.1"], check=True, timeout=300)
+    return py
+
+
+def test_fp8_serializer_upgrades_the_trainers_safetensors(assets: dict[str, Path], tmp_path: Path,
+                                                         old_safetensors_python: str) -> None:
+    fp8 = ("--fp8_base", "--mixed_precision", "bf16")
+    ref = reference(assets, tmp_path, "flux_train_network", *fp8, model="model_fp8")
+    out = tmp_path / "out"
+    user_state = copy_state(ref, out, 8)
+    broken = demo_argv("flux_train_network", assets, out, *fp8, "--resume", str(user_state),
+                       model="model_fp8", python=old_safetensors_python)
+    version = [old_safetensors_python, "-c", "import safetensors; print(safetensors.__version__)"]
+    assert subprocess.run(version, capture_output=True, text=True).stdout.strip() == "0.4.1"
+    run = supervise(broken, out, tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    faults = run.of("fault")
+    assert [f["class"] for f in faults] == ["fp8_serializer"]
+    assert "KeyError: torch.float8_e4m3fn" in faults[0]["evidence"]
+    upgrade = run.of("environment_upgrade")[0]
+    assert upgrade["python"] == old_safetensors_python and upgrade["exit_code"] == 0
+    assert subprocess.run(version, capture_output=True, text=True).stdout.strip() != "0.4.1"
+    # The first save after resuming failed half-way; the attempt after it resumes from the user's
+    # complete step-8 state, never from the partial one.
+    resumed_attempt(run, user_state, 8)
+    assert_same_weights(out / "lora.safetensors", ref / "lora.safetensors")
+    assert_untouched(run, out)
