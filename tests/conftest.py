@@ -38,6 +38,29 @@ def run_trainsup(args: list[str], cwd: Path, timeout: float = 240, env: dict[str
                           env=env)
 
 
+@pytest.fixture(scope="session")
+def old_safetensors_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real venv (sharing this interpreter's torch) whose safetensors is 0.4.1: too old for float8.
+
+    Built once per session from the package registry; tests that change it work on a copy.
+    """
+    venv = tmp_path_factory.mktemp("venv041") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                    "safetensors==0.4.1"], check=True, timeout=600, capture_output=True)
+    return venv
+
+
+@pytest.fixture
+def old_safetensors_python(old_safetensors_venv: Path, tmp_path: Path) -> str:
+    """The python of a private copy of the 0.4.1 venv (``python -m pip`` works from a copy)."""
+    import shutil
+
+    copy = tmp_path / "venv041"
+    shutil.copytree(old_safetensors_venv, copy, symlinks=True)
+    return str(copy / "bin" / "python")
+
+
 @pytest.fixture(autouse=True)
 def no_leaks():
     """Fail a test that leaves a thread or a child process behind."""

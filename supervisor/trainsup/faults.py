@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import importlib
 import re
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .fault_rules import BUILTIN_RULES, IGNORED_LINE_PATTERNS, FaultRule, compose_rules, load_user_rules
-from .linetext import bar_tail, clean_line, rank_tag
+from .linetext import bar_tail, clean_line, rank_tag, strip_ansi
 
 __all__ = [
     "Evidence",
@@ -47,7 +48,8 @@ _STATUS = re.compile(r"returned non-zero exit status (-?\d+)")
 _SIGNAL = re.compile(r"died with <Signals\.SIG\w+: (\d+)>")
 _TORCHRUN = re.compile(r"^exitcode  +: (-?\d+)|\(exitcode: (-?\d+)\)")
 _IGNORED = tuple(re.compile(p) for p in IGNORED_LINE_PATTERNS)
-_TB, _FR, _ST = -1, -2, -3  # owners of the structural patterns in the key index
+_TB, _FR, _ST = -1, -2, -3
+_MAX_ROWS = 4  # rows of one wrapped message worth rejoining  # owners of the structural patterns in the key index
 
 
 @dataclass(frozen=True)
@@ -93,8 +95,10 @@ class FaultScanner:
             patterns.append(structural)
         self._patterns = patterns
         self._index = KeyIndex(patterns)
-        # The previous line, for rejoining a message rich wrapped ("" = nothing to join).
-        self._prev_text, self._prev_raw, self._prev_lineno, self._prev_hit = "", "", 0, False
+        # The last rows a wrapped message may span, (text, raw, lineno), and the last
+        # line number that held a key.
+        self._rows: deque[tuple[str, str, int]] = deque(maxlen=_MAX_ROWS)
+        self._key_row = -1
         self._frames: dict[str, tuple[int, list[str]]] = {}
         self._seen: dict[str, Evidence] = {}
         self._root: Evidence | None = None
@@ -119,8 +123,9 @@ class FaultScanner:
     def feed(self, raw_line: str, lineno: int) -> Evidence | None:
         """Scan one output line; return Evidence when it is the first for its fault."""
         text = clean_line(raw_line)
+        rows = self._rows
         if not text:
-            self._prev_text = ""
+            rows.clear()
             return None
         index = self._index
         hit = index.hit(text)
@@ -129,21 +134,22 @@ class FaultScanner:
         structural = False
         if hit:
             ev, structural = self._scan(text, raw_line, lineno)
-        # A message rich wrapped: only when this line is neither a bar nor a traceback
-        # line, and a key sits on either side of the join or straddles it.
-        prev = self._prev_text
-        if (prev and ev is None and not structural and tail is None
-                and (hit or self._prev_hit or index.boundary_hit(prev, text))):
-            ev = self._scan_joined(prev, text, raw_line)
+        # A message rich wrapped over several rows: only when this line is neither a
+        # bar nor a traceback line, and a key sits in the rows or straddles the join.
+        if (rows and ev is None and not structural and tail is None
+                and (hit or self._key_row >= rows[0][2] or index.boundary_hit(rows[-1][0], text))):
+            ev = self._scan_joined(text, raw_line, lineno)
         # Remember what the next line may continue: nothing after evidence or a
-        # traceback line, only the glued text after a bar, else this line.
-        if ev is not None or structural:
-            self._prev_text = ""
-        elif tail is not None:
-            self._prev_text, self._prev_hit = tail, bool(tail) and index.hit(tail)
+        # traceback line, only the glued text after a bar, else this line too.
+        if ev is not None or structural or tail is not None:
+            rows.clear()
+            if tail:
+                rows.append((tail, raw_line, lineno))
+                hit = index.hit(tail)
         else:
-            self._prev_text, self._prev_hit = text, hit
-        self._prev_raw, self._prev_lineno = raw_line, lineno
+            rows.append((text, raw_line, lineno))
+        if hit:
+            self._key_row = lineno
         return self._record(ev)
 
     def _scan(self, text: str, raw: str, lineno: int) -> tuple[Evidence | None, bool]:
@@ -162,38 +168,65 @@ class FaultScanner:
                 return None, True
             elif owner == _ST and (status := parse_child_status(text)) is not None:
                 self._child = status
-        return self._match(text, raw, lineno, raw, candidates, None), structural
+        if self._is_source_line(raw, text, lineno):
+            return None, False  # a traceback quoting code; its exception line follows
+        found = self._match(text, raw, lineno, candidates, None)
+        return (None if found is None else Evidence(found[0].id, raw, lineno, found[0].strength)), structural
 
-    def _scan_joined(self, prev: str, text: str, raw: str) -> Evidence | None:
-        """Try ``prev + text`` without and with a space (rich folds long words mid-word)."""
+    def _is_source_line(self, raw: str, text: str, lineno: int) -> bool:
+        """Whether ``text`` is the code line Python prints under a traceback frame.
+
+        ``raise RuntimeError(f"NaN detected in latents: ...")`` quotes the wording,
+        but the evidence is the exception line; code lines are indented by four
+        spaces (after any prefix) and follow a frame, exception lines are not.
+        """
+        last = self._frames.get(rank_tag(raw))
+        if last is None or not last[1] or lineno - last[0] > _FRAME_STALE_LINES:
+            return False
+        plain = strip_ansi(raw)
+        at = plain.find(text)
+        return at >= 4 and plain[at - 4:at] == "    "
+
+    def _scan_joined(self, text: str, raw: str, lineno: int) -> Evidence | None:
+        """Try the remembered rows joined to ``text``, without and with a space.
+
+        Earlier rows are joined as rich wrapped them: without a space after a row
+        that ends in a long unbroken run (a folded word), else with one.
+        """
+        rows = list(self._rows)
+        starts = [0]
+        acc = rows[0][0]
+        for row in rows[1:]:
+            acc += ("" if acc.rfind(" ") < len(acc) - _FOLD_MIN else " ") + row[0]
+            starts.append(len(acc) - len(row[0]))
         for sep in ("", " "):
-            joined = prev + sep + text
-            candidates = self._index.candidates(joined)
-            line = self._prev_raw + "\n" + raw
-            ev = self._match(joined, raw, self._prev_lineno, line, candidates, len(prev))
-            if ev is not None:
-                return ev
+            joined = acc + sep + text
+            found = self._match(joined, raw, lineno, self._index.candidates(joined), len(acc))
+            if found is not None:
+                first = max(i for i, s in enumerate(starts) if s <= found[1])
+                line = "\n".join([r[1] for r in rows[first:]] + [raw])
+                return Evidence(found[0].id, line, rows[first][2], found[0].strength)
         return None
 
-    def _match(self, text: str, raw: str, lineno: int, line: str, candidates: list[int],
-               boundary: int | None) -> Evidence | None:
-        """The first rule in table order with a candidate pattern that matches unrefuted."""
+    def _match(self, text: str, raw: str, lineno: int, candidates: list[int],
+               boundary: int | None) -> tuple[FaultRule, int] | None:
+        """The first rule in table order with a candidate pattern that matches unrefuted,
+        with where the match starts."""
         refuted = -1
         for k in candidates:  # ascending: table order
             i = self._owner[k]
             if i < 0 or i == refuted:
                 continue
             m = self._patterns[k].search(text)
-            # A joined text only counts when the match spans the join.
+            # A joined text only counts when the match spans the last join.
             if m is None or (boundary is not None and not m.start() < boundary < m.end()):
                 continue
             if any(x.search(text) for x in _IGNORED):
                 return None  # a warning is never evidence, whatever it mentions
             if any(x.search(text) for x in self._excludes[i]) or not self._frames_allow(i, raw, lineno):
-                refuted = i  # a refuted rule stays refuted for this line; later rules may match
+                refuted = i  # this rule is refuted for the line; later rules may still match
                 continue
-            rule = self._rules[i]
-            return Evidence(rule.id, line, lineno, rule.strength)
+            return self._rules[i], m.start()
         return None
 
     def _frames_allow(self, i: int, raw: str, lineno: int) -> bool:
@@ -289,11 +322,13 @@ _COMMON = _LOWER | frozenset("0123456789 \t")
 _RARE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ'\"<>!?*#@$&{}~^`;\\")
 # Words too frequent in trainer logs to be worth a key (they would send every
 # "loading model" or "caching latents" line down the slow path).
-_STOPWORDS = frozenset(
-    "loading caching latents memory model device found total write bytes space tensors image images "
-    "steps epoch file files using cannot expected object weight output module import driver available "
-    "status signal failed failure launch writing required directory folder supported works requires dtype".split()
-)
+_STOPWORDS = frozenset({
+    "loading", "caching", "latents", "memory", "model", "device", "found", "total", "write", "bytes",
+    "space", "tensors", "image", "images", "steps", "epoch", "file", "files", "using", "cannot",
+    "expected", "object", "weight", "output", "module", "import", "driver", "available", "status",
+    "signal", "failed", "failure", "launch", "writing", "required", "directory", "folder", "supported",
+    "works", "requires", "dtype",
+})
 Key = tuple[str, str]  # ("tok", whole word) or ("sub", substring)
 _Choice = tuple[float, int, frozenset[Key]]  # (cost, -shortest key length, keys)
 

@@ -230,10 +230,9 @@ def test_divergent_learning_rate_shows_nan_and_no_data_exits_zero(assets: dict[s
     assert "model saved." not in proc.stdout and not (tmp_path / "none").exists()
 
 
-@pytest.mark.skipif(not os.environ.get("TRAINSUP_TEST_OLD_SAFETENSORS_PYTHON"),
-                    reason="set TRAINSUP_TEST_OLD_SAFETENSORS_PYTHON to a python with safetensors<=0.4.1")
-def test_old_safetensors_cannot_save_an_fp8_state(assets: dict[str, Path], tmp_path: Path) -> None:
-    python = os.environ["TRAINSUP_TEST_OLD_SAFETENSORS_PYTHON"]
+def test_old_safetensors_cannot_save_an_fp8_state(assets: dict[str, Path], tmp_path: Path,
+                                                  old_safetensors_venv: Path) -> None:
+    python = str(old_safetensors_venv / "bin" / "python")
     proc = run([python, "-m", "trainsup.demo.flux_train_network"]
                + base_args(assets, tmp_path, "--max_train_steps", "4", "--fp8_base", "--mixed_precision", "bf16",
                            "--save_state", "--save_every_n_steps", "2"))
