@@ -129,6 +129,16 @@ class FaultScanner:
             return None
         index = self._index
         hit = index.hit(text)
+        if not hit and "%|" not in text:
+            # The common case, an ordinary line holding no key: it can only complete
+            # a message that the rows before it began.
+            if rows and (self._key_row >= rows[0][2] or index.boundary_hit(rows[-1][0], text)):
+                ev = self._scan_joined(text, raw_line, lineno)
+                if ev is not None:
+                    rows.clear()
+                    return self._record(ev)
+            rows.append((text, raw_line, lineno))
+            return None
         tail = bar_tail(text) if "%|" in text else None
         ev: Evidence | None = None
         structural = False
@@ -516,11 +526,20 @@ class KeyIndex:
         self._cs = _KeySet(keyed[0])
         self._ci = _KeySet(keyed[1]) if keyed[1] else None
 
+    @property
+    def unkeyed(self) -> frozenset[int]:
+        """The patterns no key could be derived for: they are tried on every line."""
+        return self._always
+
     def hit(self, text: str) -> bool:
         """Whether any pattern could match ``text`` (never False when one does)."""
-        if self._always or self._cs.hit(text):
+        # The case-sensitive checks are spelled out here: this runs on every line.
+        rx, tokens = self._cs.rx, self._cs.tokens
+        if (rx is not None and rx.search(text) is not None) or (tokens and not tokens.isdisjoint(text.split())):
             return True
-        return self._ci is not None and self._ci.hit(text.lower())
+        if self._ci is None:
+            return bool(self._always)
+        return bool(self._always) or self._ci.hit(text.lower())
 
     def boundary_hit(self, a: str, b: str) -> bool:
         """Whether a key could straddle the join of ``a`` and ``b``, with or without a space."""

@@ -61,6 +61,7 @@ def build_parser(flux: bool) -> argparse.ArgumentParser:
     parser.add_argument("--train_batch_size", type=int, default=1, help="batch size for training")
     parser.add_argument("--gradient_accumulation_steps", type=int, default=1)
     _flag(parser, "gradient_checkpointing", "enable gradient checkpointing")
+    _flag(parser, "lowram", "load models to VRAM instead of RAM (accepted; the demo is small)")
     parser.add_argument("--mixed_precision", type=str, default="no", choices=["no", "fp16", "bf16"])
     _flag(parser, "fp8_base", "use fp8 for base model")
     parser.add_argument("--optimizer_type", type=str, default="AdamW", help="optimizer (the demo has AdamW)")

@@ -1,0 +1,83 @@
+"""Process faults around the demo trainer: a SIGKILL mid-run with a half-written newer state,
+a config error that must not loop, and a NaN loss stopped live."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import psutil
+
+from tests.e2e.demo_harness import (assert_same_weights, assert_untouched, clean_env, demo_argv, run_plain,
+                                    supervise)
+
+
+def trainer_processes(out: Path) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        # the trainer itself (`python -m trainsup.demo.X ...`), not trainsup (whose argv holds it too)
+        if cmd[1:3] and cmd[1] == "-m" and cmd[2].startswith("trainsup.demo.") and str(out) in cmd:
+            found.append(proc)
+    return found
+
+
+def test_sigkill_mid_run_resumes_from_the_newest_complete_state_and_skips_a_half_written_one(
+        assets: dict[str, Path], tmp_path: Path) -> None:
+    ref = tmp_path / "reference"
+    r = run_plain(demo_argv("train_network", assets, ref))
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = tmp_path / "out"
+    partial = out / "lora-step00000012-state"
+    killed: list[int] = []
+
+    def kill_after_step_8(event: dict) -> None:
+        if event["event"] == "state_saved" and event["step"] == 8 and not killed:
+            # What a kill in the middle of the next save leaves: the first files of a newer state.
+            partial.mkdir()
+            (partial / "train_state.json").write_text(json.dumps({"current_epoch": 3, "current_step": 12}))
+            (partial / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":")
+            for proc in trainer_processes(out):
+                proc.send_signal(signal.SIGKILL)
+                killed.append(proc.pid)
+
+    run = supervise(demo_argv("train_network", assets, out), out, tmp_path,
+                    env=clean_env(TRAINSUP_DEMO_STEP_SECONDS="0.15"), on_event=kill_after_step_8)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert killed
+    assert run.of("attempt_end")[0]["signal"] == signal.SIGKILL
+    assert [f["class"] for f in run.of("fault")] == ["host_oom_killed"]
+    start = run.of("attempt_start")[-1]
+    assert start["resume_from"] == str(out / "lora-step00000008-state") and start["resume_step"] == 8
+    assert partial.is_dir() and (partial / "train_state.json").exists()  # skipped, never deleted
+    assert_same_weights(out / "lora.safetensors", ref / "lora.safetensors")
+    assert_untouched(run, out)
+    # The ledger knows the true step of every state, whatever the trainer labelled it.
+    ledger = json.loads((run.run_dir / "ledger.json").read_text())
+    steps = {Path(s["dir"]).name: s["step"] for s in ledger["states"]}
+    assert steps["lora-step00000008-state"] == 8
+    assert sorted(v for k, v in steps.items() if k.startswith("lora-trainsup2-step")) == [12, 16, 20]
+
+
+def test_config_error_stops_at_once_with_exit_4(assets: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    run = supervise(demo_argv("train_network", assets, out, "--lowvram"), out, tmp_path)
+    assert run.returncode == 4, run.stderr[-2000:]
+    assert len(run.of("attempt_start")) == 1
+    assert [f["class"] for f in run.of("fault")] == ["config_error"]
+    assert "unrecognized arguments: --lowvram" in run.of("fault")[0]["evidence"]
+    assert run.events[-1]["event"] == "gave_up" and run.events[-1]["exit_code"] == 4
+
+
+def test_nan_loss_is_stopped_live_and_stops_the_run_when_it_recurs(assets: dict[str, Path],
+                                                                  tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    argv = demo_argv("train_network", assets, out, "--learning_rate", "1e8", steps=200, save_every=100)
+    run = supervise(argv, out, tmp_path, env=clean_env(TRAINSUP_DEMO_STEP_SECONDS="0.05"))
+    assert run.returncode == 4, run.stderr[-2000:]
+    assert [f["class"] for f in run.of("fault")] == ["nan_loss", "nan_loss"]
+    for end in run.of("attempt_end"):
+        assert end["steps_trained"] < 100  # stopped as soon as the bar showed NaN, long before the end
+    assert "lower --learning_rate" in run.events[-1]["reason"]
