@@ -8,7 +8,7 @@ traceback (accelerate's ``CalledProcessError``, torchrun's ``ChildFailedError``)
 never overrides it.  ``classify_exit`` combines the verdict with the exit status.
 
 Cost: nearly every line is a progress bar or an info log, and those must cost a
-microsecond or two.  Each pattern gets keys derived from its regex: literals one of
+few microseconds at most.  Each pattern gets keys derived from its regex: literals one of
 which every match contains (a substring starting at an uncommon character, all
 checked by one trie-shaped regex that the engine skips through quickly, or a whole
 word, checked by one ``split``).  Only lines holding a key reach the patterns, and
@@ -18,6 +18,7 @@ only the patterns whose keys they hold.
 from __future__ import annotations
 
 import importlib
+import itertools
 import re
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -48,13 +49,13 @@ _STATUS = re.compile(r"returned non-zero exit status (-?\d+)")
 _SIGNAL = re.compile(r"died with <Signals\.SIG\w+: (\d+)>")
 _TORCHRUN = re.compile(r"^exitcode  +: (-?\d+)|\(exitcode: (-?\d+)\)")
 _IGNORED = tuple(re.compile(p) for p in IGNORED_LINE_PATTERNS)
-_TB, _FR, _ST = -1, -2, -3
-_MAX_ROWS = 4  # rows of one wrapped message worth rejoining  # owners of the structural patterns in the key index
+_TB, _FR, _ST = -1, -2, -3  # owners of the structural patterns in the key index
+_MAX_ROWS = 4  # rows of one wrapped message worth rejoining
 
 
 @dataclass(frozen=True)
 class Evidence:
-    """A line that is evidence for a fault: ``line`` as the child wrote it (two lines
+    """A line that is evidence for a fault: ``line`` as the child wrote it (the rows
     joined by ``\\n`` when a wrapped message matched across them), ``lineno`` its first."""
 
     fault: str
@@ -131,23 +132,17 @@ class FaultScanner:
         hit = index.hit(text)
         if not hit and "%|" not in text:
             # The common case, an ordinary line holding no key: it can only complete
-            # a message that the rows before it began.
+            # a message that rich wrapped, begun by the rows before it.
             if rows and (self._key_row >= rows[0][2] or index.boundary_hit(rows[-1][0], text)):
-                ev = self._scan_joined(text, raw_line, lineno)
-                if ev is not None:
+                found = self._scan_joined(text, raw_line, lineno)
+                if found is not None:
                     rows.clear()
-                    return self._record(ev)
+                    return self._record(found)
             rows.append((text, raw_line, lineno))
             return None
         tail = bar_tail(text) if "%|" in text else None
-        ev: Evidence | None = None
-        structural = False
-        if hit:
-            ev, structural = self._scan(text, raw_line, lineno)
-        # A message rich wrapped over several rows: only when this line is neither a
-        # bar nor a traceback line, and a key sits in the rows or straddles the join.
-        if (rows and ev is None and not structural and tail is None
-                and (hit or self._key_row >= rows[0][2] or index.boundary_hit(rows[-1][0], text))):
+        ev, structural = self._scan(text, raw_line, lineno) if hit else (None, False)
+        if rows and ev is None and not structural and tail is None:  # a key, and not a bar
             ev = self._scan_joined(text, raw_line, lineno)
         # Remember what the next line may continue: nothing after evidence or a
         # traceback line, only the glued text after a bar, else this line too.
@@ -172,9 +167,10 @@ class FaultScanner:
                 self._frames[rank_tag(raw)] = (lineno, [])
                 structural = True
             elif owner == _FR and (m := _FRAME.match(text)) is not None:
-                frames = self._frames.setdefault(rank_tag(raw), (lineno, []))[1]
+                rank = rank_tag(raw)
+                frames = self._frames.get(rank, (lineno, []))[1]
                 frames.append(m.group(1).replace("\\", "/").rsplit("/", 1)[-1] + " " + m.group(2))
-                self._frames[rank_tag(raw)] = (lineno, frames)
+                self._frames[rank] = (lineno, frames)
                 return None, True
             elif owner == _ST and (status := parse_child_status(text)) is not None:
                 self._child = status
@@ -200,14 +196,14 @@ class FaultScanner:
     def _scan_joined(self, text: str, raw: str, lineno: int) -> Evidence | None:
         """Try the remembered rows joined to ``text``, without and with a space.
 
-        Earlier rows are joined as rich wrapped them: without a space after a row
-        that ends in a long unbroken run (a folded word), else with one.
+        Earlier rows are joined as rich wrapped them: without a space after a piece
+        of a folded word, else with one.
         """
         rows = list(self._rows)
         starts = [0]
         acc = rows[0][0]
-        for row in rows[1:]:
-            acc += ("" if acc.rfind(" ") < len(acc) - _FOLD_MIN else " ") + row[0]
+        for before, row in itertools.pairwise(rows):
+            acc += ("" if _folded(before[0]) else " ") + row[0]
             starts.append(len(acc) - len(row[0]))
         for sep in ("", " "):
             joined = acc + sep + text
@@ -343,6 +339,19 @@ Key = tuple[str, str]  # ("tok", whole word) or ("sub", substring)
 _Choice = tuple[float, int, frozenset[Key]]  # (cost, -shortest key length, keys)
 
 
+def _folded(row: str) -> bool:
+    """Whether a row is a piece of a word that rich folded over several rows.
+
+    rich wraps at spaces and breaks only a word longer than its column; that word
+    starts a fresh row, so each of its pieces fills a row without any space.
+    """
+    return len(row) >= _FOLD_MIN and " " not in row
+
+
+def _no_match(_text: str) -> re.Match[str] | None:
+    return None  # stands in for the trie's search when there are no substring keys
+
+
 def _run_choices(run: str, left: bool, right: bool) -> list[_Choice]:
     """Keys one literal run offers, with what each costs.
 
@@ -361,12 +370,17 @@ def _run_choices(run: str, left: bool, right: bool) -> list[_Choice]:
             out.append((0 if len(w) >= 5 else 2.5, -len(w), frozenset({("tok", w)})))
         elif w not in _STOPWORDS:
             out.append((1.2 if len(w) >= 8 else 1.8 if len(w) >= 5 else 3, -len(w), frozenset({("tok", w)})))
-    for i, ch in enumerate(run[:-2]):
+    # Substrings stop at a space: then no key can straddle the join of two rows
+    # rejoined with a space, and only rows that rich folded mid-word need a look
+    # at the seam (see ``boundary_hit``).
+    for i, ch in enumerate(run):
         if ch not in _COMMON:
-            key = run[i:i + _MAX_KEY]
-            out.append((1 if ch in _RARE else 2, -len(key), frozenset({("sub", key)})))
-    if len(run) >= 4:
-        out.append((4, -min(len(run), _MAX_KEY), frozenset({("sub", run[:_MAX_KEY])})))
+            key = run[i:i + _MAX_KEY].split(" ", 1)[0]
+            if len(key) >= 3:
+                out.append((1 if ch in _RARE else 2, -len(key), frozenset({("sub", key)})))
+    first = run.split(" ", 1)[0][:_MAX_KEY]
+    if len(first) >= 4:
+        out.append((4, -len(first), frozenset({("sub", first)})))
     return out
 
 
@@ -482,16 +496,10 @@ class _KeySet:
         return bool(self.tokens) and not self.tokens.isdisjoint(text.split())
 
     def boundary_hit(self, a: str, b: str) -> bool:
-        wa, wb = a[-self.width:], b[: self.width]
-        # rich breaks a word only when it is longer than its column, so a join without
-        # a space is needed only after a row that ends in a long unbroken run.
-        folded = a.rfind(" ") < len(a) - _FOLD_MIN
-        if self.rx is not None:
-            s = wa + " " + wb + "\n" + wa + wb if folded else wa + " " + wb
-            if self.rx.search(s) is not None:
-                return True
-        if not folded or not self.tokens:
+        if not _folded(a):
             return False
+        if self.rx is not None and self.rx.search(a[-self.width:] + b[: self.width]) is not None:
+            return True
         space = b.find(" ")
         return a[a.rfind(" ") + 1:] + (b if space < 0 else b[:space]) in self.tokens
 
@@ -525,6 +533,8 @@ class KeyIndex:
         self._always = frozenset(always)
         self._cs = _KeySet(keyed[0])
         self._ci = _KeySet(keyed[1]) if keyed[1] else None
+        self._search = self._cs.rx.search if self._cs.rx is not None else _no_match
+        self._tokens = self._cs.tokens
 
     @property
     def unkeyed(self) -> frozenset[int]:
@@ -534,12 +544,9 @@ class KeyIndex:
     def hit(self, text: str) -> bool:
         """Whether any pattern could match ``text`` (never False when one does)."""
         # The case-sensitive checks are spelled out here: this runs on every line.
-        rx, tokens = self._cs.rx, self._cs.tokens
-        if (rx is not None and rx.search(text) is not None) or (tokens and not tokens.isdisjoint(text.split())):
+        if self._search(text) is not None or not self._tokens.isdisjoint(text.split()):
             return True
-        if self._ci is None:
-            return bool(self._always)
-        return bool(self._always) or self._ci.hit(text.lower())
+        return bool(self._always) or (self._ci is not None and self._ci.hit(text.lower()))
 
     def boundary_hit(self, a: str, b: str) -> bool:
         """Whether a key could straddle the join of ``a`` and ``b``, with or without a space."""

@@ -8,13 +8,11 @@ the journal records the first fault, so a test can prove none of them changed af
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from tests.conftest import ROOT, trainsup_cmd
+from trainsup.demo.story import follow, read_journal
 
 DEMO_ENV_KEYS = ("TRAINSUP_DEMO_SIMULATE", "TRAINSUP_DEMO_STEP_SECONDS")
 FAST_POLICY = "backoff:\n  initial_s: 1.0\n  max_s: 2\nstop:\n  grace_s: 5\n"
@@ -83,13 +82,6 @@ class SupervisedRun:
         return [e for e in self.events if e["event"] == kind]
 
 
-def read_events(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "events.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-
-
 def supervise(argv: list[str], out: Path, tmp: Path, env: dict[str, str] | None = None,
               policy: str = FAST_POLICY, on_event: Any = None, timeout: float = 300) -> SupervisedRun:
     """Run `trainsup run` over ``argv``; snapshot ``out`` at the first fault; call ``on_event`` for
@@ -105,30 +97,22 @@ def supervise(argv: list[str], out: Path, tmp: Path, env: dict[str, str] | None 
                for n, s in (("out", proc.stdout), ("err", proc.stderr))]
     for r in readers:
         r.start()
-    seen = 0
-    deadline = time.monotonic() + timeout
+
+    def watch(event: dict[str, Any]) -> None:
+        if event["event"] == "fault" and not snapshot:
+            snapshot.update(digest_tree(out))
+        if on_event is not None:
+            on_event(event)
+
     try:
-        while True:
-            done = proc.poll() is not None
-            events = read_events(run_dir)
-            for event in events[seen:]:
-                if event["event"] == "fault" and not snapshot:
-                    snapshot.update(digest_tree(out))
-                if on_event is not None:
-                    on_event(event)
-            seen = len(events)
-            if done:
-                break
-            if time.monotonic() > deadline:
-                raise AssertionError("trainsup run did not finish in time")
-            time.sleep(0.01)
+        follow(proc, run_dir, watch, timeout=timeout)
     finally:
         if proc.poll() is None:
             proc.kill()
         proc.wait()
         for r in readers:
             r.join()
-    return SupervisedRun(proc.returncode, streams.get("out", ""), streams.get("err", ""), read_events(run_dir),
+    return SupervisedRun(proc.returncode, streams.get("out", ""), streams.get("err", ""), read_journal(run_dir),
                          run_dir, snapshot)
 
 

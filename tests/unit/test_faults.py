@@ -154,12 +154,12 @@ def test_non_matching_lines_give_no_evidence_and_cost_little() -> None:
 def test_message_wrapped_over_two_rows_with_or_without_a_space() -> None:
     rows = ["2024-08-01 12:00:00 ERROR    OSError: [Errno 28] No space left on      train_util.py:12",
             "                             device: '/out/x'"]
-    scanner, new = _scan(rows)
+    _, new = _scan(rows)
     assert [e.fault for e in new] == ["disk_full"]  # Errno 28 alone already counts
-    scanner, new = _scan(["ERROR    RuntimeError: Expected all tensors to be on the sa",
-                          "                             me device, but found at least two devices"])
+    _, new = _scan(["ERROR    RuntimeError: Expected all tensors to be on the sa",
+                    "                             me device, but found at least two devices"])
     assert [e.fault for e in new] == ["device_mismatch"]
-    scanner, new = _scan(["ERROR    NotImplementedError: Cannot copy out of", "                             meta tensor"])
+    _, new = _scan(["ERROR    NotImplementedError: Cannot copy out of", "                             meta tensor"])
     assert [(e.fault, e.lineno) for e in new] == [("meta_tensor", 1)]
     assert new[0].line.count("\n") == 1
 
@@ -241,8 +241,8 @@ def test_code_lines_under_frames_are_not_taken_as_evidence_lines() -> None:
     [
         "/venv/torch/cuda/__init__.py:619: UserWarning: CUDA error: out of memory while probing NVML",
         "/venv/x.py:1: FutureWarning: `torch.cuda.OutOfMemoryError` will move to torch.OutOfMemoryError",
-        "2024-08-01 12:00:00.1: W tensorflow/dso_loader.cc:64] Could not load dynamic library 'libcudart.so.11.0'; "
-        "dlerror: libcudart.so.11.0: cannot open shared object file: No such file or directory",
+        ("2024-08-01 12:00:00.1: W tensorflow/dso_loader.cc:64] Could not load dynamic library 'libcudart.so.11.0'; "
+         "dlerror: libcudart.so.11.0: cannot open shared object file: No such file or directory"),
         "Error caught was: No module named 'triton'",
     ],
 )
@@ -266,8 +266,8 @@ def test_warnings_and_known_library_noise_never_count(line: str) -> None:
         ("RuntimeError: CUDA error: misaligned address", "cuda_fatal"),
         ("RuntimeError: Expected all tensors to be on the same device, but found at least two devices, cuda:0 and meta!",
          "meta_tensor"),
-        ("[rank1]:[E801] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1) ran for 600032 "
-         "milliseconds before timing out.", "nccl_timeout"),
+        (("[rank1]:[E801] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1) ran for 600032 "
+          "milliseconds before timing out."), "nccl_timeout"),
         ("KeyError: torch.float8_e5m2", "fp8_serializer"),
         ("TypeError: dtype torch.float8_e4m3fn is not recognized", "fp8_serializer"),
         ("tomllib.TOMLDecodeError: Invalid value (at line 3, column 9)", "config_error"),
@@ -396,7 +396,7 @@ def test_user_faults_come_before_the_builtins_they_are_more_specific_than() -> N
 def test_user_patterns_without_literals_still_work() -> None:
     # No literal to key on: the pattern is tried on every line (slower, still correct).
     mine = load_user_rules([{"id": "odd", "patterns": [r"\d{3}-\d{3}"], "excludes": ["(?i)ignore"]}], "p.yaml")
-    scanner, new = _scan(["abc 123-456", "IGNORE 999-999"], compose_rules(mine))
+    _, new = _scan(["abc 123-456", "IGNORE 999-999"], compose_rules(mine))
     assert [(e.fault, e.lineno) for e in new] == [("odd", 1)]
     mine = load_user_rules([{"id": "shout", "patterns": ["(?i)widget EXPLODED"]}], "p.yaml")
     assert classify_text(["The Widget Exploded"], compose_rules(mine)) is not None

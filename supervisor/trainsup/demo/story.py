@@ -1,0 +1,166 @@
+"""Owns `trainsup demo`: four supervised runs of the demo trainer, each hitting one documented fault.
+
+Each scenario starts from a broken command line, runs it under `trainsup run` (a real subprocess),
+follows the journal, and tells in a few lines what was detected (by class id), what was changed and
+where training resumed. The serializer scenario needs safetensors 0.4.1 from the package registry
+for a throw-away venv; without a registry it says so and is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .make_assets import make_assets
+
+POLICY = "backoff:\n  initial_s: 0.5\n  max_s: 2\nstop:\n  grace_s: 5\n"
+EventHook = Callable[[dict[str, Any]], None]
+
+
+def read_journal(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "events.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+
+
+def follow(proc: subprocess.Popen[Any], run_dir: Path, on_event: EventHook | None = None,
+           timeout: float = 600, poll_s: float = 0.01) -> list[dict[str, Any]]:
+    """Wait for a `trainsup run` subprocess, calling ``on_event`` for each journal event as it lands."""
+    seen = 0
+    deadline = time.monotonic() + timeout
+    while True:
+        done = proc.poll() is not None
+        events = read_journal(run_dir)
+        if on_event is not None:
+            for event in events[seen:]:
+                on_event(event)
+        seen = len(events)
+        if done:
+            return events
+        if time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            raise TimeoutError(f"trainsup run did not finish within {timeout:g} s")
+        time.sleep(poll_s)
+
+
+@dataclass
+class Scenario:
+    title: str
+    script: str
+    flags: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    model: str = "model"
+    python: str = sys.executable
+    hook: Callable[[Path], EventHook] | None = None  # given the scenario dir, returns an event hook
+
+
+def _argv(s: Scenario, assets: dict[str, Path], out: Path) -> list[str]:
+    return [s.python, "-m", f"trainsup.demo.{s.script}", "--pretrained_model_name_or_path", str(assets[s.model]),
+            "--train_data_dir", str(assets["dataset"]), "--output_dir", str(out), "--output_name", "lora",
+            "--max_train_steps", "20", "--save_every_n_steps", "4", "--save_state", "--seed", "42",
+            "--train_batch_size", "2", "--learning_rate", "1e-3", *s.flags]
+
+
+def _edit_prompts_after_first_state(prompts: Path) -> EventHook:
+    def hook(event: dict[str, Any]) -> None:
+        if event["event"] == "state_saved" and not getattr(hook, "done", False):
+            prompts.write_text("a red fox in fresh snow --w 16 --h 16 --s 4\n", encoding="utf-8")
+            setattr(hook, "done", True)
+            print("  (the prompt file was edited mid-run, after the first saved state)")
+    return hook
+
+
+def _old_safetensors_python(where: Path) -> str | None:
+    venv = where / "venv-safetensors-0.4.1"
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True,
+                       capture_output=True)
+        py = str(venv / "bin" / "python")
+        subprocess.run([py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                        "safetensors==0.4.1"], check=True, capture_output=True, timeout=300)
+        return py
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError):
+        return None
+
+
+def _scenarios(work: Path, assets: dict[str, Path]) -> list[Scenario]:
+    prompts = work / "prompts.txt"
+    shutil.copy(assets["prompts"], prompts)
+    sampling = ["--sample_prompts", str(prompts), "--sample_every_n_steps", "10"]
+    return [
+        Scenario("an fp8 Flux checkpoint loaded without --fp8_base", "flux_train_network", [],
+                 model="model_fp8"),
+        Scenario("sampling with cached latents hits a cuda/cpu mismatch (simulated: no GPU here)",
+                 "train_network", ["--cache_latents", *sampling],
+                 env={"TRAINSUP_DEMO_SIMULATE": "device_mismatch"}),
+        Scenario("the sample-prompt file is edited while text-encoder outputs are cached",
+                 "flux_train_network", ["--cache_text_encoder_outputs", *sampling],
+                 env={"TRAINSUP_DEMO_STEP_SECONDS": "0.1"},
+                 hook=lambda d: _edit_prompts_after_first_state(prompts)),
+        Scenario("--fp8_base state saves with the trainer's safetensors 0.4.1", "flux_train_network",
+                 ["--fp8_base", "--mixed_precision", "bf16"]),
+    ]
+
+
+def _tell(events: list[dict[str, Any]], rc: int) -> None:
+    for e in events:
+        if e["event"] == "fault":
+            print(f"  detected  {e['class']}: {str(e['evidence'])[:110]}")
+        elif e["event"] == "remedy":
+            print(f"  changed   {'; '.join(e['actions'])}")
+        elif e["event"] == "environment_upgrade":
+            print(f"  upgraded  {e['spec']} in {e['python']} (exit {e['exit_code']})")
+        elif e["event"] == "attempt_start" and e["attempt"] > 1:
+            where = f"step {e['resume_step']} ({Path(e['resume_from']).name})" if e["resume_from"] else \
+                "step 0 (no complete state yet)"
+            print(f"  resumed   attempt {e['attempt']} from {where}")
+    end = events[-1] if events else {}
+    if rc == 0:
+        print(f"  finished  exit 0, final weights {end.get('final_weights')}")
+    else:
+        print(f"  ended     exit {rc}: {end.get('reason')}")
+
+
+def run_demo(keep: Path | None = None, verbose: bool = False) -> int:
+    started = time.monotonic()
+    base = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="trainsup-demo-"))
+    base.mkdir(parents=True, exist_ok=True)
+    print(f"trainsup demo: assets and runs in {base}")
+    assets = make_assets(base / "assets")
+    policy = base / "policy.yaml"
+    policy.write_text(POLICY, encoding="utf-8")
+    scenarios = _scenarios(base, assets)
+    failures = 0
+    for i, s in enumerate(scenarios, 1):
+        print(f"\n[{i}/{len(scenarios)}] {s.title}")
+        if s.flags[:1] == ["--fp8_base"]:
+            py = _old_safetensors_python(base)
+            if py is None:
+                print("  skipped: could not install safetensors==0.4.1 into a venv (no package registry?)")
+                continue
+            s.python = py
+        out = base / f"run{i}"
+        argv = _argv(s, assets, out)
+        print("  command   " + " ".join(a if a.startswith("-") or "/" not in a else Path(a).name for a in argv[1:]))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINSUP_DEMO_")}
+        env.update(s.env)
+        cmd = [sys.executable, "-m", "trainsup.cli", "run", "--policy", str(policy)]
+        cmd += [] if verbose else ["--quiet"]
+        proc = subprocess.Popen([*cmd, "--", *argv], env=env, stdout=None if verbose else subprocess.DEVNULL,
+                                stderr=None if verbose else subprocess.DEVNULL)
+        events = follow(proc, out / ".trainsup", s.hook(base) if s.hook else None)
+        _tell(events, proc.returncode)
+        failures += proc.returncode != 0
+    print(f"\ntrainsup demo: {len(scenarios) - failures}/{len(scenarios)} runs recovered in "
+          f"{time.monotonic() - started:.0f} s; journals are in {base}/run*/.trainsup/events.jsonl")
+    return 0 if failures == 0 else 1
