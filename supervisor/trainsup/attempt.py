@@ -40,6 +40,7 @@ class AttemptHooks:
     on_state_done: Callable[[str, Observations], None]
     on_progress: Callable[[Progress], None]
     on_evidence: Callable[[Evidence], None]
+    on_summary: Callable[[Observations], None]
     is_live: Callable[[str], bool]
     success_fallback: Callable[[], bool]  # e.g. the final weights were written during this attempt
 
@@ -80,6 +81,8 @@ def run_attempt(argv: list[str], env: dict[str, str], cwd: Path, log_path: Path,
                 if nan_step is None and payload.loss is not None and math.isnan(payload.loss):
                     nan_step = payload.step
                 hooks.on_progress(payload)
+            elif kind == "summary":
+                hooks.on_summary(parser.obs)
             elif kind == "state_done":
                 hooks.on_state_done(payload, parser.obs)
             elif kind == "evidence":

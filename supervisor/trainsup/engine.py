@@ -27,7 +27,7 @@ from .fault_rules import BUILTIN_RULES
 from .faults import Evidence, FaultScanner
 from .interpreter import run_upgrade, trainer_python, upgrade_command
 from .journal import Journal
-from .ledger import AttemptRecord, Ledger, StateRecord, label_offset
+from .ledger import AttemptRecord, Ledger, StateRecord, label_offset, post_resume_overshoot
 from .matchers import Progress
 from .observe import Observations
 from .plan import LaunchPlan, apply_action
@@ -165,7 +165,7 @@ class Supervisor:
         self.journal.status(state="running", attempt=attempt, step=resume_step,
                             total=p.max_train_steps, run_dir=str(self.run_dir))
         self._transition(RunState.RUNNING)
-        hooks = AttemptHooks(self._on_state_done, self._on_progress, self._on_evidence,
+        hooks = AttemptHooks(self._on_state_done, self._on_progress, self._on_evidence, self._on_summary,
                              lambda fault: fault in self._live, self._final_written)
         try:
             result = run_attempt(argv, env, self.spec.cwd, self.run_dir / f"attempt-{attempt}.log",
@@ -230,6 +230,21 @@ class Supervisor:
             self.journal.event("fault_live", **{"class": evidence.fault}, evidence=evidence.line,
                                line=evidence.lineno, attempt=self.attempt_no)
 
+    def _on_summary(self, obs: Observations) -> None:
+        """The trainer's start-up summary: fix this attempt's step offset, warn of kohya's overshoot."""
+        rec = self.ledger.attempt(self.attempt_no)
+        if rec.offset is not None or not obs.batches_per_epoch:
+            return
+        ga = obs.grad_accum or 1
+        rec.offset = label_offset(rec.resume_step, True, obs.batches_per_epoch, ga)
+        self.ledger.save()
+        extra = post_resume_overshoot(rec.resume_step, self.prepared.max_train_steps, obs.batches_per_epoch, ga)
+        if extra:
+            self.journal.event("warning", attempt=self.attempt_no, extra_steps=extra,
+                               message="kohya will train past --max_train_steps after this resume")
+            self.say(f"warning: kohya will train {extra} steps past --max_train_steps after this resume "
+                     "(its epochs are not whole); choose max_train_steps as a multiple of the steps per epoch")
+
     def _on_state_done(self, path: str, obs: Observations) -> None:
         self._collect_states(self.attempt_no, obs, only=Path(path))
 
@@ -247,8 +262,8 @@ class Supervisor:
     def _collect_states(self, attempt: int, obs: Observations, only: Path | None = None) -> None:
         """Enter this attempt's complete states in the ledger (disk is the truth, lines are hints)."""
         rec = self.ledger.attempt(attempt)
-        if rec.offset is None and obs.batches_per_epoch:
-            rec.offset = label_offset(rec.resume_step, True, obs.batches_per_epoch, obs.grad_accum or 1)
+        if rec.offset is None:
+            self._on_summary(obs)
         names = set(state_dir_names(rec.output_name)[:2]) | {state_dir_names(rec.output_name)[2][:-6]}
         candidates = [only] if only is not None else state_dirs(self._output_dir(), names)
         for path in candidates:

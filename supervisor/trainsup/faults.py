@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .fault_rules import BUILTIN_RULES, IGNORED_LINE_PATTERNS, FaultRule, compose_rules, load_user_rules
-from .linetext import bar_tail, clean_line, rank_tag, strip_ansi
+from .linetext import bar_tail, clean_line, rank_tag, starts_record, strip_ansi
 
 __all__ = [
     "Evidence",
@@ -125,9 +125,10 @@ class FaultScanner:
         """Scan one output line; return Evidence when it is the first for its fault."""
         text = clean_line(raw_line)
         rows = self._rows
-        if not text:
-            rows.clear()
-            return None
+        if not text or starts_record(raw_line):
+            rows.clear()  # nothing before this line can be part of its message
+            if not text:
+                return None
         index = self._index
         hit = index.hit(text)
         if not hit and "%|" not in text:
@@ -176,7 +177,7 @@ class FaultScanner:
                 self._child = status
         if self._is_source_line(raw, text, lineno):
             return None, False  # a traceback quoting code; its exception line follows
-        found = self._match(text, raw, lineno, candidates, None)
+        found = self._match(text, raw, lineno, candidates)
         return (None if found is None else Evidence(found[0].id, raw, lineno, found[0].strength)), structural
 
     def _is_source_line(self, raw: str, text: str, lineno: int) -> bool:
@@ -207,7 +208,7 @@ class FaultScanner:
             starts.append(len(acc) - len(row[0]))
         for sep in ("", " "):
             joined = acc + sep + text
-            found = self._match(joined, raw, lineno, self._index.candidates(joined), len(acc))
+            found = self._match(joined, raw, lineno, self._index.candidates(joined), len(acc), starts)
             if found is not None:
                 first = max(i for i, s in enumerate(starts) if s <= found[1])
                 line = "\n".join([r[1] for r in rows[first:]] + [raw])
@@ -215,21 +216,23 @@ class FaultScanner:
         return None
 
     def _match(self, text: str, raw: str, lineno: int, candidates: list[int],
-               boundary: int | None) -> tuple[FaultRule, int] | None:
+               boundary: int | None = None, starts: Sequence[int] = (0,)) -> tuple[FaultRule, int] | None:
         """The first rule in table order with a candidate pattern that matches unrefuted,
-        with where the match starts."""
+        with where the match starts.  For joined rows (``starts``: where each row
+        begins) the match must span the last join, and only the rows it spans are
+        checked for warnings and excludes."""
         refuted = -1
         for k in candidates:  # ascending: table order
             i = self._owner[k]
             if i < 0 or i == refuted:
                 continue
             m = self._patterns[k].search(text)
-            # A joined text only counts when the match spans the last join.
             if m is None or (boundary is not None and not m.start() < boundary < m.end()):
                 continue
-            if any(x.search(text) for x in _IGNORED):
+            own = text[max(s for s in starts if s <= m.start()):]
+            if any(x.search(own) for x in _IGNORED):
                 return None  # a warning is never evidence, whatever it mentions
-            if any(x.search(text) for x in self._excludes[i]) or not self._frames_allow(i, raw, lineno):
+            if any(x.search(own) for x in self._excludes[i]) or not self._frames_allow(i, raw, lineno):
                 refuted = i  # this rule is refuted for the line; later rules may still match
                 continue
             return self._rules[i], m.start()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["bar_tail", "clean_line", "rank_tag", "strip_ansi"]
+__all__ = ["bar_tail", "clean_line", "rank_tag", "starts_record", "strip_ansi"]
 
 # CSI sequences (colours, cursor moves), OSC sequences (rich writes hyperlinks as
 # OSC 8, ended by BEL or ST) and the remaining two-byte escapes.
@@ -129,3 +129,14 @@ def rank_tag(raw: str) -> str:
         return ""
     m = _RANK.match(strip_ansi(raw))
     return m.group(1) if m is not None else ""
+
+
+def starts_record(raw: str) -> bool:
+    """Whether ``raw`` opens a new rich log record (its level column is filled).
+
+    A record's continuation rows leave the time and level columns blank, so a row
+    with a level cannot continue the message of the rows before it.  Cheap by
+    design: it looks at sd-scripts' own layout only and says False for anything
+    else (other layouts, or ANSI-coloured rows), which only means "may continue".
+    """
+    return raw[20:29] in _RICH_LEVELS

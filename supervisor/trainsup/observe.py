@@ -112,6 +112,7 @@ class OutputParser:
         n = matchers.grad_accum_steps(line)
         if n is not None:
             obs.grad_accum = n
+            self.events.put(("summary", None))  # the start-up summary is complete
             return
         status = parse_child_status(line)
         if status is not None:

@@ -19,7 +19,8 @@ def trainer_processes(out: Path) -> list[psutil.Process]:
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info["cmdline"] or []
         # the trainer itself (`python -m trainsup.demo.X ...`), not trainsup (whose argv holds it too)
-        if cmd[1:3] and cmd[1] == "-m" and cmd[2].startswith("trainsup.demo.") and str(out) in cmd:
+        if cmd[1:3] and cmd[1] == "-m" and cmd[2].startswith("trainsup.demo.") and cmd[2] != "trainsup.demo.launch" \
+                and str(out) in cmd:
             found.append(proc)
     return found
 
@@ -59,6 +60,43 @@ def test_sigkill_mid_run_resumes_from_the_newest_complete_state_and_skips_a_half
     steps = {Path(s["dir"]).name: s["step"] for s in ledger["states"]}
     assert steps["lora-step00000008-state"] == 8
     assert sorted(v for k, v in steps.items() if k.startswith("lora-trainsup2-step")) == [12, 16, 20]
+    # Exactly the remaining steps after the resume, and the status snapshot agrees.
+    assert run.of("attempt_end")[-1]["steps_trained"] == 12
+    status = json.loads((run.run_dir / "status.json").read_text())
+    assert (status["state"], status["step"], status["total"]) == ("finished", 20, 20)
+
+
+def test_real_child_status_behind_an_accelerate_style_launcher(assets: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    argv = demo_argv("train_network", assets, out)
+    launched = [argv[0], "-m", "trainsup.demo.launch", "-m", *argv[2:]]
+    killed: list[int] = []
+
+    def kill_trainer(event: dict) -> None:
+        if event["event"] == "state_saved" and not killed:
+            for proc in trainer_processes(out):
+                proc.send_signal(signal.SIGKILL)
+                killed.append(proc.pid)
+
+    run = supervise(launched, out, tmp_path, env=clean_env(TRAINSUP_DEMO_STEP_SECONDS="0.15"),
+                    on_event=kill_trainer)
+    assert run.returncode == 0, run.stderr[-3000:]
+    end = run.of("attempt_end")[0]
+    # The launcher itself exits 1; its CalledProcessError text tells the trainer died of SIGKILL.
+    assert (end["exit_code"], end["child_signal"]) == (1, signal.SIGKILL)
+    assert [f["class"] for f in run.of("fault")] == ["host_oom_killed"]
+    assert run.of("attempt_start")[-1]["resume_step"] == 4
+
+
+def test_exit_0_without_training_is_not_success(assets: dict[str, Path], tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = tmp_path / "out"
+    argv = demo_argv("train_network", assets, out)
+    argv[argv.index("--train_data_dir") + 1] = str(empty)
+    run = supervise(argv, out, tmp_path)
+    assert run.of("attempt_end")[0]["exit_code"] == 0
+    assert run.returncode == 4 and [f["class"] for f in run.of("fault")] == ["config_error"]
 
 
 def test_config_error_stops_at_once_with_exit_4(assets: dict[str, Path], tmp_path: Path) -> None:

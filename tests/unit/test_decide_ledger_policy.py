@@ -77,3 +77,11 @@ def test_example_config_is_a_valid_policy() -> None:
     root = Path(__file__).resolve().parents[2]
     pol = parse_policy((root / "config.example.yaml").read_text(), "config.example.yaml")
     assert pol.restart_max == Policy().restart_max
+
+
+def test_kohya_overshoot_after_resume_is_predicted() -> None:
+    from trainsup.ledger import post_resume_overshoot
+
+    assert post_resume_overshoot(8, 18, 4) == 2  # 5 epochs of 4 = 20 steps, its stop never fires
+    assert post_resume_overshoot(8, 20, 4) == 0  # whole epochs: nothing extra
+    assert post_resume_overshoot(3, 18, 4) == 0  # resumed inside the first epoch: labels are right

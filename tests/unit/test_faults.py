@@ -183,6 +183,22 @@ def test_a_warning_stays_a_warning_when_its_message_is_wrapped() -> None:
     assert new == []
 
 
+def test_a_warning_row_does_not_mask_the_wrapped_error_after_it() -> None:
+    rows = ["/venv/x.py:1: UserWarning: something harmless", "ERROR    RuntimeError: Expected all tensors to be on",
+            "the same device, but got mat2"]
+    _, new = _scan(rows)
+    assert [(e.fault, e.lineno) for e in new] == [("device_mismatch", 2)]
+
+
+def test_rows_of_different_rich_records_are_not_joined() -> None:
+    # "Tried to find X but folder does not exist" spread over two records is not one message.
+    rows = ["2024-08-01 12:00:00 INFO     Tried to find the best bucket for       train_util.py:1",
+            "                    INFO     the images but folder does not exist     train_util.py:2"]
+    assert _scan(rows)[1] == []
+    rows[1] = "                             the images but folder does not exist"
+    assert [e.fault for e in _scan(rows)[1]] == ["config_error"]
+
+
 def test_progress_bar_glued_to_the_error_line() -> None:
     bar = "steps:  20%|██        | 4/20 [00:08<00:32,  1.52s/it, avr_loss=0.142]"
     _, new = _scan([bar + "Traceback (most recent call last):", '  File "train.py", line 3, in train', OOM])

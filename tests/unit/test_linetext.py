@@ -6,7 +6,7 @@ import timeit
 
 import pytest
 
-from trainsup.linetext import bar_tail, clean_line, rank_tag, strip_ansi
+from trainsup.linetext import bar_tail, clean_line, rank_tag, starts_record, strip_ansi
 
 
 def test_strip_ansi_removes_colours_cursor_moves_and_hyperlinks() -> None:
@@ -71,6 +71,13 @@ def test_rank_tag() -> None:
     assert rank_tag("[default1]:x") == "1"
     assert rank_tag("\x1b[0m[rank2]: x") == "2"
     assert rank_tag("no rank here") == ""
+
+
+def test_starts_record_sees_richs_filled_level_column() -> None:
+    assert starts_record("2024-08-01 12:00:00 INFO     loading model                 train_util.py:1")
+    assert starts_record("                    ERROR    same second                   train_util.py:2")
+    assert not starts_record("                             a continuation row")
+    assert not starts_record("Traceback (most recent call last):")
 
 
 def test_clean_line_is_cheap() -> None:
