@@ -8,12 +8,12 @@ is validated and entered in the ledger as soon as its last file is announced.
 from __future__ import annotations
 
 import math
-import os
 import queue
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from . import process
 from .faults import Evidence, ExitInfo, FaultScanner, classify_exit
@@ -121,7 +121,7 @@ def run_attempt(argv: list[str], env: dict[str, str], cwd: Path, log_path: Path,
                          nan_step)
 
 
-def merged_env(base: dict[str, str] | os._Environ[str], overrides: dict[str, str]) -> dict[str, str]:
+def merged_env(base: dict[str, str], overrides: dict[str, str]) -> dict[str, str]:
     env = dict(base)
     env.update(overrides)
     return env

@@ -6,8 +6,9 @@ rung would change anything for this command (the engine dry-runs it on a copy of
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Literal
 
 from .policy import Policy
 from .remedies import NOT_RESTARTABLE, Rung, ladder

@@ -16,15 +16,17 @@ import queue
 import signal
 import sys
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from . import process
 from .attempt import AttemptHooks, AttemptResult, merged_env, run_attempt
 from .decide import EXIT_STOPPED, Decision, History, Outcome, decide, record
 from .fault_rules import BUILTIN_RULES
 from .faults import Evidence, FaultScanner
+from .fsutil import publish_copy
 from .interpreter import run_upgrade, trainer_python, upgrade_command
 from .journal import Journal
 from .ledger import AttemptRecord, Ledger, StateRecord, label_offset, post_resume_overshoot
@@ -32,8 +34,7 @@ from .matchers import Progress
 from .observe import Observations
 from .plan import LaunchPlan, apply_action
 from .policy import Policy
-from .fsutil import publish_copy
-from .prepare import Prepared, UsageError, default_run_dir, prepare
+from .prepare import UsageError, default_run_dir, prepare
 from .profile import final_weights_name, parse_state_name, state_dir_names, weights_files_for
 from .remedies import Rung
 from .runstate import RunState, check_transition
@@ -81,7 +82,7 @@ class Supervisor:
         self.run_dir = (self.spec.run_dir or default_run_dir(p, self.spec.cwd)).resolve()
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._lock = open(self.run_dir / "lock", "w")
+            self._lock = open(self.run_dir / "lock", "w")  # noqa: SIM115 - held for the whole run
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self.say(f"error: another trainsup run holds {self.run_dir}")
@@ -111,7 +112,7 @@ class Supervisor:
                 return self._end(launch)  # could not start at all
             outcome = self._outcome(attempt, result, resume)
             decision = decide(self.history, outcome, self.policy, self.clock(),
-                              lambda rung: self._applicable(plan, rung))
+                              lambda rung, plan=plan: self._applicable(plan, rung))
             record(self.history, outcome, decision, self.clock())
             self._transition(RunState.STOPPING)
             if decision.kind != "restart":
@@ -137,7 +138,7 @@ class Supervisor:
         # written under yet; a resumed attempt's labels are wrong and would overwrite earlier files.
         own_name = resume is None and p.user_resume is None and not self._wrote_under(p.output_name)
         output_name = p.output_name if own_name else f"{p.output_name or 'last'}-trainsup{attempt}"
-        if not own_name:
+        if output_name is not None and not own_name:
             cmd.set("output_name", output_name)
         if resume is not None:
             cmd.set("resume", resume.dir)
@@ -152,7 +153,7 @@ class Supervisor:
                                                   0 if resume is None else None))
         self.ledger.save()
         argv = cmd.argv()
-        env = merged_env(self.spec.env, {k: v for k, v in CHILD_ENV_DEFAULTS.items()
+        env = merged_env(dict(self.spec.env), {k: v for k, v in CHILD_ENV_DEFAULTS.items()
                                          if k not in self.spec.env})
         env.update(launch.env)
         self.attempt_no, self.attempt_started_wall, self.resume_step = attempt, time.time(), resume_step
@@ -368,7 +369,7 @@ class Supervisor:
             if left <= 0:
                 return False
             try:
-                kind, _ = self.events.get(timeout=min(left, 0.2))
+                self.events.get(timeout=min(left, 0.2))  # a stop request wakes us at once
             except queue.Empty:
                 continue
         return True

@@ -13,7 +13,9 @@ memory`` before the catch-all ``CUDA error:``, a missing file inside a state dir
 before a plain missing file).  Excludes then keep known look-alikes out.
 
 Patterns are case-sensitive unless they say ``(?i)``; the built-ins avoid ``(?i)``
-because the scanner's prefilter is cheapest with case-sensitive keys.  Every
+because the scanner's prefilter is cheapest with case-sensitive keys, and bound
+every gap (``.{0,300}?``, never ``.*``) so a 64 KiB line cannot make a pattern
+backtrack quadratically.  Every
 built-in pattern carries a literal the prefilter can key on (a test checks this).
 """
 
@@ -118,7 +120,7 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
     FaultRule(
         id="shm_exhausted",
         patterns=(
-            r"/dev/shm\b.*(?:No space left|Errno 28|[Bb]us error)", r"(?:No space left on device|Errno 28).*/dev/shm",
+            r"/dev/shm\b.{0,300}?(?:No space left|Errno 28|[Bb]us error)", r"(?:No space left on device|Errno 28).{0,300}?/dev/shm",
             r"unable to write to file </torch_", r"unable to mmap \d+ bytes from file </torch_",
             r"is killed by signal: Bus error", r"(?:out of|insufficient) shared memory",
             r"[Uu]nexpected bus error encountered in worker",
@@ -182,7 +184,7 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
         id="nccl_timeout",
         patterns=(
             r"Watchdog caught collective operation timeout", r"ran for \d+ milliseconds before timing out",
-            r"Heartbeat monitor timed out", r"DistStoreError: .*[Tt]imed out",
+            r"Heartbeat monitor timed out", r"DistStoreError: .{0,300}?[Tt]imed out",
         ),
         explanation="A collective operation between GPUs timed out: one rank stalled or died.",
     ),
@@ -216,7 +218,7 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
         id="cuda_fatal",
         patterns=(
             r" illegal memory access", r" unspecified launch failure", r"AcceleratorError",
-            r"device-side assert(?:ion)? triggered", r"Assertion `.*` failed\.", r"CUBLAS_STATUS_[A-Z_]+",
+            r"device-side assert(?:ion)? triggered", r"Assertion `.{0,500}?` failed\.", r"CUBLAS_STATUS_[A-Z_]+",
             r"CUDNN_STATUS_(?:EXECUTION_FAILED|INTERNAL_ERROR|MAPPING_ERROR)",
             r"illegal instruction was encountered", r"error: misaligned address", r"uncorrectable ECC error",
             r"CUDA error: ",  # any other CUDA error; the specific ones are claimed by rules above
@@ -230,7 +232,7 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
         patterns=(
             r"HeaderTooLarge", r"MetadataIncompleteBuffer", r"InvalidHeaderDeserialization",
             r"Error while deserializing header", r"incomplete metadata, file not fully covered",
-            r"PytorchStreamReader failed", r"Error loading file: .*\.npz", r"BadZipFile", r"UnpicklingError",
+            r"PytorchStreamReader failed", r"Error loading file: .{0,1000}?\.npz", r"BadZipFile", r"UnpicklingError",
             r"EOFError: Ran out of input",
             # A state dir that exists but lacks one of its files is an incomplete
             # state, not a bad --resume path (that one is config_error below).
@@ -269,13 +271,13 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
         id="flag_conflict",
         patterns=(
             # sd-scripts' assertions (wording varies a little between scripts and versions)
-            r"AssertionError: when caching .*cannot be used", r" caption_tag_dropout_rate cannot be used",
+            r"AssertionError: when caching .{0,300}?cannot be used", r" caption_tag_dropout_rate cannot be used",
             r"either color_aug or random_crop cannot be used", r"network for Text Encoder cannot be trained with caching",
             r"(?:fp8_base|full_fp16|full_bf16) requires mixed precision", r" blocks_to_swap is not supported with",
             r" fused_backward_pass currently only works with",
-            (_ERROR_CLASS + r": .*\b(?:cannot be used|can't be used|cannot be trained|cannot be specified)"
+            (_ERROR_CLASS + r": .{0,300}?\b(?:cannot be used|can't be used|cannot be trained|cannot be specified)"
              r" (?:with|together|at the same time)"),
-            _ERROR_CLASS + r": .*\b(?:is|are) not supported with --?\w",
+            _ERROR_CLASS + r": .{0,300}?\b(?:is|are) not supported with --?\w",
         ),
         explanation="The trainer refused a combination of options at start-up.",
     ),
@@ -299,11 +301,11 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
             r"PermissionError", r"Permission denied", r"PermissionDenied", r"Errno 13\b",
             r"No data found\. Please verify arguments", r" max_train_steps should be greater than initial step",
             # accelerate's load_state on a --resume path that is not a directory.
-            r"Tried to find .* but folder does not exist",
+            r"Tried to find .{0,1000}? but folder does not exist",
             r"error: invalid device ordinal", r"Invalid user config", r"voluptuous\.error\.\w*Invalid",
             r"does not appear to have a file named", r"is not a local folder and is not a valid model identifier",
-            r"RepositoryNotFoundError", r"GatedRepoError", r"RuntimeError: File .* cannot be opened\.",
-            r"Parent directory .* does not exist", r"AssertionError: \w+ is required$",
+            r"RepositoryNotFoundError", r"GatedRepoError", r"RuntimeError: File .{0,1000}? cannot be opened\.",
+            r"Parent directory .{0,1000}? does not exist", r"AssertionError: \w+ is required$",
         ),
         restartable=False,
         explanation="The command or its configuration is wrong (an argument, a path, a TOML file, a "

@@ -488,6 +488,7 @@ class _KeySet:
         self.tokens = frozenset(self.token_map)
         subs = {k[1]: v for k, v in keyed.items() if k[0] == "sub"}
         self.rx = _trie_regex(subs)
+        self.rx_all = re.compile("(?=(" + self.rx.pattern + "))") if self.rx is not None else None
         self.sub_map: dict[str, set[int]] = {}  # shortest key found by the trie -> patterns
         for k, v in subs.items():
             self.sub_map.setdefault(next(k[:n] for n in range(1, len(k) + 1) if k[:n] in subs), set()).update(v)
@@ -507,11 +508,9 @@ class _KeySet:
         return a[a.rfind(" ") + 1:] + (b if space < 0 else b[:space]) in self.tokens
 
     def candidates(self, text: str, out: set[int]) -> None:
-        if self.rx is not None:
-            pos = 0
-            while (m := self.rx.search(text, pos)) is not None:
-                out.update(self.sub_map[m.group()])
-                pos = m.start() + 1
+        if self.rx_all is not None:  # every position's key, overlaps included, in one call
+            for key in set(self.rx_all.findall(text)):
+                out.update(self.sub_map[key])
         if self.tokens:
             for token in self.tokens.intersection(text.split()):
                 out.update(self.token_map[token])

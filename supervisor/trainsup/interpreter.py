@@ -53,7 +53,7 @@ def run_upgrade(python: str, spec: str, log_path: Path) -> int:
         proc = subprocess.Popen(upgrade_command(python, spec), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         assert proc.stdout is not None
-        for chunk in iter(lambda: proc.stdout.read1(65536), b""):  # type: ignore[union-attr]
+        while chunk := os.read(proc.stdout.fileno(), 65536):
             log.write(chunk)
             try:
                 os.write(2, chunk)

@@ -10,8 +10,9 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .fsutil import atomic_write_text
 
@@ -23,7 +24,7 @@ class Journal:
         self.status_path = run_dir / "status.json"
         self._clock = clock
         self._lock = threading.Lock()
-        self._fh = open(self.events_path, "a", encoding="utf-8")
+        self._fh = open(self.events_path, "a", encoding="utf-8")  # noqa: SIM115 - open for the run
         self.write_errors = 0
         self._status: dict[str, Any] = {}
 

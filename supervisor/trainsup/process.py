@@ -57,7 +57,7 @@ class LaunchError(RuntimeError):
 
 def _tree(pid: int) -> list[psutil.Process]:
     try:
-        return psutil.Process(pid).children(recursive=True)
+        return list(psutil.Process(pid).children(recursive=True))
     except psutil.Error:
         return []
 

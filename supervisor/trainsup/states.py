@@ -66,7 +66,7 @@ def _library_check(path: Path) -> str:
     try:
         with safe_open(str(path), framework="numpy") as fh:
             fh.keys()
-    except Exception as exc:  # the library raises its own SafetensorError types
+    except Exception as exc:  # noqa: BLE001 - the library raises its own SafetensorError types
         return f"{path.name}: safetensors refused it ({exc})"
     return ""
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -70,7 +69,7 @@ def test_50mb_line_without_newline_and_binary_garbage_are_survived(tmp_path: Pat
                                              "--output_dir", str(out)),
                                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         err: list[bytes] = []
-        reader = threading.Thread(target=lambda: err.append(proc.stderr.read()))  # type: ignore[union-attr]
+        reader = threading.Thread(target=lambda p=proc, e=err: e.append(p.stderr.read()))  # type: ignore[union-attr]
         reader.start()
         peak = _peak_rss_while(proc)
         reader.join()

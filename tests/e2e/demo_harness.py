@@ -44,7 +44,8 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 def run_plain(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """The demo trainer without trainsup (references, and proofs that a fault is real)."""
-    return subprocess.run(argv, cwd=ROOT, env=env or clean_env(), capture_output=True, text=True, timeout=300)
+    return subprocess.run(argv, cwd=ROOT, env=env or clean_env(), capture_output=True, text=True, timeout=300,
+                          check=False)
 
 
 def weights(path: Path) -> dict[str, np.ndarray]:

@@ -12,13 +12,17 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-import pytest
-
-from tests.e2e.demo_harness import (assert_same_weights, assert_untouched, clean_env, copy_state, demo_argv,
-                                    run_plain, supervise)
+from tests.e2e.demo_harness import (
+    assert_same_weights,
+    assert_untouched,
+    clean_env,
+    copy_state,
+    demo_argv,
+    run_plain,
+    supervise,
+)
 
 
 def reference(assets: dict[str, Path], tmp: Path, script: str, *flags: str, **kw: object) -> Path:
@@ -152,4 +156,4 @@ def test_fp8_serializer_too_old_to_resume_upgrades_and_resumes_the_newest_state(
 
 def safetensors_version(python: str) -> str:
     code = "import safetensors; print(safetensors.__version__)"
-    return subprocess.run([python, "-c", code], capture_output=True, text=True).stdout.strip()
+    return subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout.strip()

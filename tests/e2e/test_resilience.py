@@ -4,14 +4,19 @@ a config error that must not loop, and a NaN loss stopped live."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 from pathlib import Path
 
 import psutil
 
-from tests.e2e.demo_harness import (assert_same_weights, assert_untouched, clean_env, demo_argv, run_plain,
-                                    supervise)
+from tests.e2e.demo_harness import (
+    assert_same_weights,
+    assert_untouched,
+    clean_env,
+    demo_argv,
+    run_plain,
+    supervise,
+)
 
 
 def trainer_processes(out: Path) -> list[psutil.Process]:

@@ -1,9 +1,9 @@
 """The command model, the kohya profile and remedy actions applied to launch plans."""
 
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from trainsup.cmdline import TrainerCommand
 from trainsup.plan import LaunchPlan, apply_action

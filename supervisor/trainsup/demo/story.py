@@ -15,9 +15,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .make_assets import make_assets
 
@@ -75,7 +76,7 @@ def _edit_prompts_after_first_state(prompts: Path) -> EventHook:
     def hook(event: dict[str, Any]) -> None:
         if event["event"] == "state_saved" and not getattr(hook, "done", False):
             prompts.write_text("a red fox in fresh snow --w 16 --h 16 --s 4\n", encoding="utf-8")
-            setattr(hook, "done", True)
+            hook.done = True
             print("  (the prompt file was edited mid-run, after the first saved state)")
     return hook
 
