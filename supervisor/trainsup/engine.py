@@ -24,7 +24,7 @@ from typing import Any
 from . import process
 from .attempt import AttemptHooks, AttemptResult, merged_env, run_attempt
 from .decide import EXIT_STOPPED, Decision, History, Outcome, decide, record
-from .fault_rules import BUILTIN_RULES
+from .fault_rules import compose_rules
 from .faults import Evidence, FaultScanner
 from .fsutil import publish_copy
 from .interpreter import run_upgrade, trainer_python, upgrade_command
@@ -63,7 +63,7 @@ class Supervisor:
         self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.state = RunState.STARTING
         self.stop_signal: int | None = None
-        self.rules = BUILTIN_RULES + tuple(policy.rules)
+        self.rules = compose_rules(policy.rules)  # user rules first; an extended built-in replaced in place
         self._live = {r.id for r in self.rules if getattr(r, "live", False)}
 
     # --- signals: handlers only record -----------------------------------------------------------

@@ -76,7 +76,8 @@ class FaultRule:
     still runs (a NaN loss never stops the trainer by itself).  ``frames_require``
     and ``frames_exclude`` are regexes over the frames (``"<file basename> <func>"``)
     of the traceback the matching line ends: when frames are visible, the innermost
-    frame matching either list decides, and none matching means "not this fault".
+    frame matching either list decides; when none matches, a rule that requires
+    frames is refuted and one that only excludes frames stands.
     """
 
     id: str
@@ -112,6 +113,7 @@ IGNORED_LINE_PATTERNS: tuple[str, ...] = (
     r"\b[A-Z][a-z]+Warning: ",
     r"Could not load dynamic library",
     r"\b[IW] tensorflow/",
+    r"CUDA[ _]SETUP",  # old bitsandbytes' start-up diagnostics (training goes on)
 )
 
 _ERROR_CLASS = r"(?:AssertionError|ValueError)"
@@ -208,6 +210,7 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
             r"NVIDIA driver on your system is too old", r"CUDA driver version is insufficient for CUDA runtime",
             r"no kernel image is available for execution on the device", r"_base requires torch>=",
             r"DLL load failed", r"cannot open shared object file", r"undefined symbol: ",
+            r"CUDA Setup failed despite GPU being available",  # bitsandbytes without a usable build
         ),
         # xformers and bitsandbytes print a caught "No module named 'triton'" and go on.
         excludes=(r"Error caught was", r"No module named '?triton", r"some optimizations will not be enabled"),
@@ -239,6 +242,9 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
             (r"No such file or directory: '[^']*-state[/\\]+(?:optimizer\.bin|scheduler\.bin|scaler\.pt"
              r"|random_states_\d+\.pkl|model\.safetensors|pytorch_model\.bin)'"),
         ),
+        # On Windows a DataLoader worker that fails to start ends in the same
+        # "EOFError: Ran out of input", raised while unpickling in spawn.py.
+        frames_exclude=(r"^(?:spawn|reduction|popen_spawn_win32)\.py ",),
         explanation="A saved state or cache file cannot be read: it is truncated or corrupt.",
     ),
     FaultRule(

@@ -51,6 +51,11 @@ _TORCHRUN = re.compile(r"^exitcode  +: (-?\d+)|\(exitcode: (-?\d+)\)")
 _IGNORED = tuple(re.compile(p) for p in IGNORED_LINE_PATTERNS)
 _TB, _FR, _ST = -1, -2, -3  # owners of the structural patterns in the key index
 _MAX_ROWS = 4  # rows of one wrapped message worth rejoining
+_MAX_ROW = 512  # longer lines are not rows rich wrapped at 80 columns: never rejoined
+# Fault messages sit at the start of a line (or right after a glued bar) and are
+# short; matching only the head and tail of a 64 KiB line bounds the cost of a
+# pathological one.  The newline between them stops any pattern spanning the cut.
+_HEAD, _TAIL = 4096, 1024
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,8 @@ class FaultScanner:
     def feed(self, raw_line: str, lineno: int) -> Evidence | None:
         """Scan one output line; return Evidence when it is the first for its fault."""
         text = clean_line(raw_line)
+        if len(text) > _HEAD + _TAIL:
+            text = text[:_HEAD] + "\n" + text[-_TAIL:]
         rows = self._rows
         if not text or starts_record(raw_line):
             rows.clear()  # nothing before this line can be part of its message
@@ -139,17 +146,20 @@ class FaultScanner:
                 if found is not None:
                     rows.clear()
                     return self._record(found)
-            rows.append((text, raw_line, lineno))
+            if len(text) <= _MAX_ROW:
+                rows.append((text, raw_line, lineno))
+            else:
+                rows.clear()
             return None
         tail = bar_tail(text) if "%|" in text else None
         ev, structural = self._scan(text, raw_line, lineno) if hit else (None, False)
-        if rows and ev is None and not structural and tail is None:  # a key, and not a bar
+        if rows and ev is None and not structural and tail is None and len(text) <= _MAX_ROW:
             ev = self._scan_joined(text, raw_line, lineno)
         # Remember what the next line may continue: nothing after evidence or a
         # traceback line, only the glued text after a bar, else this line too.
-        if ev is not None or structural or tail is not None:
+        if ev is not None or structural or tail is not None or len(text) > _MAX_ROW:
             rows.clear()
-            if tail:
+            if tail and len(tail) <= _MAX_ROW:
                 rows.append((tail, raw_line, lineno))
                 hit = index.hit(tail)
         else:
@@ -176,7 +186,7 @@ class FaultScanner:
             elif owner == _ST and (status := parse_child_status(text)) is not None:
                 self._child = status
         if self._is_source_line(raw, text, lineno):
-            return None, False  # a traceback quoting code; its exception line follows
+            return None, True  # a traceback quoting code; its exception line follows
         found = self._match(text, raw, lineno, candidates)
         return (None if found is None else Evidence(found[0].id, raw, lineno, found[0].strength)), structural
 
@@ -251,7 +261,7 @@ class FaultScanner:
                 return False
             if any(x.search(frame) for x in require):
                 return True
-        return False
+        return not require  # frames in sight, none of the kind the rule requires
 
     def _record(self, ev: Evidence | None) -> Evidence | None:
         if ev is None or ev.fault in self._seen:

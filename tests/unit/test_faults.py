@@ -149,6 +149,17 @@ def test_non_matching_lines_give_no_evidence_and_cost_little() -> None:
     assert scanner.verdict is None
 
 
+def test_pathological_long_lines_stay_cheap_and_a_message_at_their_start_still_counts() -> None:
+    scanner = FaultScanner()
+    bad = ["Tried to find " * 4600, "Assertion `" * 5900, "Error " * 10900, " " * 65000, "/dev/shm " * 7000]
+    started = timeit.default_timer()
+    for n, line in enumerate(bad, 1):
+        scanner.feed(line, n)
+    assert timeit.default_timer() - started < 2.0  # quadratic backtracking would take minutes
+    assert scanner.verdict is None
+    assert classify_text([OOM + " " + "x" * 65000]) is not None
+
+
 # --- noisy shapes ---------------------------------------------------------------------
 
 def test_message_wrapped_over_two_rows_with_or_without_a_space() -> None:
@@ -239,6 +250,17 @@ def test_te_cache_none_is_judged_by_the_failing_tracebacks_frames(frames: list[t
     assert (verdict.fault if verdict else None) == expected
 
 
+def test_windows_dataloader_spawn_failure_is_not_a_corrupt_checkpoint() -> None:
+    spawn = ["Traceback (most recent call last):", '  File "<string>", line 1, in <module>',
+             '  File "C:\\Python310\\lib\\multiprocessing\\spawn.py", line 126, in _main',
+             "    self = reduction.pickle.load(from_parent)", "EOFError: Ran out of input"]
+    assert classify_text(spawn) is None
+    state = ["Traceback (most recent call last):", '  File "/venv/accelerate/checkpointing.py", line 260, in load',
+             "    states = pickle.load(f)", "EOFError: Ran out of input"]
+    verdict = classify_text(state)
+    assert verdict is not None and verdict.fault == "corrupt_checkpoint"
+
+
 def test_nonetype_wording_other_than_to_or_ndim_is_not_te_cache_none() -> None:
     assert classify_text(["AttributeError: 'NoneType' object has no attribute 'shape'"]) is None
     assert classify_text(["AttributeError: 'NoneType' object has no attribute 'to' (dataset image 3)"]) is None
@@ -260,6 +282,7 @@ def test_code_lines_under_frames_are_not_taken_as_evidence_lines() -> None:
         ("2024-08-01 12:00:00.1: W tensorflow/dso_loader.cc:64] Could not load dynamic library 'libcudart.so.11.0'; "
          "dlerror: libcudart.so.11.0: cannot open shared object file: No such file or directory"),
         "Error caught was: No module named 'triton'",
+        "CUDA SETUP: Problem: The main issue seems to be that the main CUDA runtime library was not detected.",
     ],
 )
 def test_warnings_and_known_library_noise_never_count(line: str) -> None:
