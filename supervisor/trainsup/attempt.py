@@ -33,6 +33,7 @@ class AttemptResult:
     stopped_live: str | None  # the live fault we stopped it for
     stop_signal: int | None  # trainsup was asked to stop
     nan_progress_step: int | None  # attempt-relative bar step where the loss first showed NaN
+    stopped_for_change: bool = False  # stopped on purpose (at a checkpoint) to apply an edit
 
 
 @dataclass
@@ -41,6 +42,7 @@ class AttemptHooks:
     on_progress: Callable[[Progress], None]
     on_evidence: Callable[[Evidence], None]
     on_summary: Callable[[Observations], None]
+    on_file_changed: Callable[[Any], None]
     is_live: Callable[[str], bool]
     success_fallback: Callable[[], bool]  # e.g. the final weights were written during this attempt
 
@@ -64,6 +66,7 @@ def run_attempt(argv: list[str], env: dict[str, str], cwd: Path, log_path: Path,
     stop_signal: int | None = None
     nan_step: int | None = None
     killed = False
+    stopped_for_change = False
     try:
         while True:
             try:
@@ -81,6 +84,13 @@ def run_attempt(argv: list[str], env: dict[str, str], cwd: Path, log_path: Path,
                 if nan_step is None and payload.loss is not None and math.isnan(payload.loss):
                     nan_step = payload.step
                 hooks.on_progress(payload)
+            elif kind == "file_changed":
+                hooks.on_file_changed(payload)
+            elif kind == "stop_for_change":
+                if not killed and exited_at is None:
+                    stopped_for_change = True
+                    process.stop_tree(child, grace_s)
+                    killed = True
             elif kind == "summary":
                 hooks.on_summary(parser.obs)
             elif kind == "state_done":
@@ -111,14 +121,14 @@ def run_attempt(argv: list[str], env: dict[str, str], cwd: Path, log_path: Path,
     uptime = (exited_at or clock()) - started
     success = obs.success_seen or (exit_code == 0 and hooks.success_fallback())
     info = ExitInfo(exit_code, sig, obs.child_status, obs.child_signal, success)
-    if stop_signal is not None:
+    if stop_signal is not None or stopped_for_change:
         fault = None
     elif stopped_live is not None:
         fault = stopped_live
     else:
         fault = classify_exit(info, scanner.verdict)
     return AttemptResult(exit_code, sig, obs, fault, scanner.verdict, uptime, stopped_live, stop_signal,
-                         nan_step)
+                         nan_step, stopped_for_change)
 
 
 def merged_env(base: dict[str, str], overrides: dict[str, str]) -> dict[str, str]:

@@ -57,7 +57,7 @@ def _run(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         print(f"trainsup run: error: {exc}", file=sys.stderr)
         return 2
-    spec = RunSpec(tuple(command), Path.cwd(), args.run_dir, dict(os.environ), not args.quiet)
+    spec = RunSpec(tuple(command), Path.cwd(), args.run_dir, dict(os.environ), not args.quiet, args.policy)
     supervisor = Supervisor(spec, policy)
     install_signal_handlers(supervisor)
     return supervisor.run()

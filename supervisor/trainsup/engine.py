@@ -29,6 +29,7 @@ from .faults import Evidence, FaultScanner
 from .fsutil import publish_copy
 from .interpreter import run_upgrade, trainer_python, upgrade_command
 from .journal import Journal
+from .live import LiveInputs
 from .ledger import AttemptRecord, Ledger, StateRecord, label_offset, post_resume_overshoot
 from .matchers import Progress
 from .observe import Observations
@@ -39,6 +40,7 @@ from .profile import final_weights_name, parse_state_name, state_dir_names, weig
 from .remedies import Rung
 from .runstate import RunState, check_transition
 from .states import check_state, state_dirs
+from .watch import FileWatcher
 from .weights import has_non_finite
 
 CHILD_ENV_DEFAULTS = {"COLUMNS": "250", "PYTHONUNBUFFERED": "1"}
@@ -51,6 +53,7 @@ class RunSpec:
     run_dir: Path | None = None
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     echo: bool = True  # pass the child's output through to our stdout/stderr
+    policy_path: Path | None = None  # watched: an edit of the policy applies to the running supervisor
 
 
 class Supervisor:
@@ -64,7 +67,7 @@ class Supervisor:
         self.state = RunState.STARTING
         self.stop_signal: int | None = None
         self.rules = compose_rules(policy.rules)  # user rules first; an extended built-in replaced in place
-        self._live = {r.id for r in self.rules if getattr(r, "live", False)}
+        self._live = {r.id for r in self.rules if r.live}
 
     # --- signals: handlers only record -----------------------------------------------------------
     def request_stop(self, signum: int) -> None:
@@ -103,22 +106,34 @@ class Supervisor:
         if p.user_resume is not None and not self._adopt_user_resume(p.user_resume):
             return self._end(Decision("stop", EXIT_STOPPED, f"config_error: --resume {p.user_resume} "
                                       "is not a complete state"))
-        plan = p.plan
+        self.plan = p.plan
+        self.live = LiveInputs(self.plan, self.spec.cwd, self.run_dir, self.policy, self.spec.policy_path,
+                               self.journal, self.say)
+        self.stop_at_checkpoint = False
+        self.watcher = FileWatcher(lambda path, kind: self.events.put(("file_changed", (path, kind))),
+                                   self.policy.debounce_s)
+        self.live.watch(self.watcher)
+        self.watcher.start()
         attempt = first
         while True:
             resume = self._newest_state()
-            result, launch = self._launch(attempt, plan, resume)
+            result, launch = self._launch(attempt, self.plan, resume)
             if result is None:
                 return self._end(launch)  # could not start at all
             outcome = self._outcome(attempt, result, resume)
-            decision = decide(self.history, outcome, self.policy, self.clock(),
-                              lambda rung, plan=plan: self._applicable(plan, rung))
-            record(self.history, outcome, decision, self.clock())
             self._transition(RunState.STOPPING)
+            if result.stopped_for_change and outcome.stop_signal is None:
+                # Stopped on purpose at a checkpoint to apply an edit: relaunch at once, no budget spent.
+                self._transition(RunState.STARTING)
+                attempt += 1
+                continue
+            decision = decide(self.history, outcome, self.policy, self.clock(),
+                              lambda rung: self._applicable(self.plan, rung))
+            record(self.history, outcome, decision, self.clock())
             if decision.kind != "restart":
                 return self._end(decision, attempt)
             self._transition(RunState.REMEDYING)
-            plan, stop = self._remedy(plan, decision, outcome, result)
+            self.plan, stop = self._remedy(self.plan, decision, outcome, result)
             if stop is not None:
                 return self._end(stop)
             self._transition(RunState.BACKOFF)
@@ -147,6 +162,7 @@ class Supervisor:
         else:
             cmd.remove("resume")
             cmd.remove("initial_step")
+        self.live.before_launch(attempt, launch)
         launch.write_derived_config(self.run_dir, attempt)
         resume_step = resume.step if resume else 0
         self.ledger.attempts.append(AttemptRecord(attempt, output_name, resume_step,
@@ -167,6 +183,7 @@ class Supervisor:
                             total=p.max_train_steps, run_dir=str(self.run_dir))
         self._transition(RunState.RUNNING)
         hooks = AttemptHooks(self._on_state_done, self._on_progress, self._on_evidence, self._on_summary,
+                             self._on_file_changed,
                              lambda fault: fault in self._live, self._final_written)
         try:
             result = run_attempt(argv, env, self.spec.cwd, self.run_dir / f"attempt-{attempt}.log",
@@ -246,22 +263,36 @@ class Supervisor:
             self.say(f"warning: kohya will train {extra} steps past --max_train_steps after this resume "
                      "(its epochs are not whole); choose max_train_steps as a multiple of the steps per epoch")
 
-    def _on_state_done(self, path: str, obs: Observations) -> None:
-        self._collect_states(self.attempt_no, obs, only=Path(path))
+    def _on_state_done(self, path: str | None, obs: Observations) -> None:
+        only = Path(path) if path and Path(path).is_dir() else None  # no path: look at them all
+        new = self._collect_states(self.attempt_no, obs, only=only)
+        if self.stop_at_checkpoint and new:
+            self.stop_at_checkpoint = False
+            self.say(f"checkpoint {new[-1].dir} is complete: restarting from it to apply the scheduled change")
+            self.events.put(("stop_for_change", None))
+
+    def _on_file_changed(self, change: tuple[Path, str]) -> None:
+        action = self.live.on_change(*change)
+        self.plan.config_doc = self.live.config_doc  # remedies read the accepted config
+        if action == "policy":
+            self.policy = self.live.policy
+            self.rules = compose_rules(self.policy.rules)
+            self._live = {r.id for r in self.rules if r.live}
+        elif action == "now":
+            self.events.put(("stop_for_change", None))
+        elif action == "at_checkpoint":
+            self.stop_at_checkpoint = True
 
     def _final_written(self) -> bool:
-        f = self._output_dir() / final_weights_name(self.attempt_output_name)
-        try:
-            return f.stat().st_mtime >= self.attempt_started_wall
-        except OSError:
-            return False
+        return self._written_this_attempt(self._output_dir() / final_weights_name(self.attempt_output_name))
 
     # --- states and the ledger -------------------------------------------------------------------
     def _output_dir(self) -> Path:
         return self.prepared.output_dir or self.spec.cwd
 
-    def _collect_states(self, attempt: int, obs: Observations, only: Path | None = None) -> None:
+    def _collect_states(self, attempt: int, obs: Observations, only: Path | None = None) -> list[StateRecord]:
         """Enter this attempt's complete states in the ledger (disk is the truth, lines are hints)."""
+        recorded: list[StateRecord] = []
         rec = self.ledger.attempt(attempt)
         if rec.offset is None:
             self._on_summary(obs)
@@ -271,14 +302,25 @@ class Supervisor:
             parsed = parse_state_name(path.name)
             if parsed is None or parsed[0] not in names or self.ledger.step_of(path) is not None:
                 continue
+            if not self._written_this_attempt(path / "random_states_0.pkl"):
+                continue  # a state of an earlier run under the same name: not this attempt's to claim
             check = check_state(path, need_scaler=self.prepared.plan.command.get("mixed_precision") == "fp16")
             if not check.ok or check.label_step is None:
                 continue
             state = self.ledger.record_state(path, attempt, check.label_step)
             if state is not None:
+                recorded.append(state)
                 self.journal.event("state_saved", dir=state.dir, step=state.step, label=state.label,
                                    attempt=attempt)
                 self.say(f"state_saved step={state.step} dir={state.dir}")
+        return recorded
+
+    def _written_this_attempt(self, path: Path) -> bool:
+        try:
+            # whole seconds: some file systems keep coarse mtimes
+            return path.stat().st_mtime >= int(self.attempt_started_wall)
+        except OSError:
+            return False
 
     def _adopt_user_resume(self, path: Path) -> bool:
         check = check_state(path)
@@ -369,9 +411,11 @@ class Supervisor:
             if left <= 0:
                 return False
             try:
-                self.events.get(timeout=min(left, 0.2))  # a stop request wakes us at once
+                kind, payload = self.events.get(timeout=min(left, 0.2))  # a stop request wakes us at once
             except queue.Empty:
                 continue
+            if kind == "file_changed":
+                self._on_file_changed(payload)
         return True
 
     def _end(self, decision: Decision, attempt: int | None = None) -> int:
@@ -386,6 +430,9 @@ class Supervisor:
             self.state = RunState.GAVE_UP if decision.kind == "give_up" else RunState.STOPPED
             self.say(f"state={self.state.value} exit={code} reason={decision.reason}")
         self.journal.status(state=self.state.value, exit_code=code, reason=decision.reason)
+        watcher = getattr(self, "watcher", None)
+        if watcher is not None:
+            watcher.stop()
         self.journal.close()
         return code
 

@@ -77,6 +77,11 @@ def clean_line(s: str) -> str:
         s[:20].isspace() or (s[4:5] == "-" and s[13:14] == ":" and s[19:20] == " ")
     ):
         s = s[29:]
+    if s[:1].isspace():
+        # Blank-led rows (rich's continuation rows start with 29 blanks) would make the
+        # prefix regex below retry every alternative at each blank; its own leading
+        # ``\s*`` and the final strip() drop the same characters.
+        s = s.lstrip()
     if s[:1] in _PREFIX_FIRST or s.startswith("std"):
         m = _PREFIX.match(s)
         if m is not None:

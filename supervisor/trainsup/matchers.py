@@ -58,9 +58,15 @@ def parse_progress(line: str) -> Progress | None:
 
 
 def state_completed(line: str) -> str | None:
-    """Directory of a state whose last file (`random_states_0.pkl`) was just written."""
+    """Directory of a state whose last file (`random_states_0.pkl`) was just written.
+
+    ``""`` when the marker is there but its path is not (rich wrapped it onto the next rows, as it
+    does when the user's COLUMNS is narrow): the caller then looks on disk.
+    """
+    if "Random states saved" not in line:
+        return None
     m = _STATE_DONE.search(line)
-    return m.group("path").strip() if m else None
+    return m.group("path").strip() if m else ""
 
 
 def state_started(line: str) -> int | None:

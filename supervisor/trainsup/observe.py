@@ -95,8 +95,9 @@ class OutputParser:
         obs = self.obs
         state_dir = matchers.state_completed(line)
         if state_dir is not None:
-            obs.states_completed.append(state_dir)
-            self.events.put(("state_done", state_dir))
+            if state_dir:
+                obs.states_completed.append(state_dir)
+            self.events.put(("state_done", state_dir or None))
             return
         label = matchers.state_started(line)
         if label is not None:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from . import tomlio
+from .fsutil import atomic_write_text
 from .cmdline import TrainerCommand
 from .profile import ScriptInfo, script_info, takes_value
 from .remedies import Action
@@ -22,6 +24,7 @@ class LaunchPlan:
     env: dict[str, str] = field(default_factory=dict)  # overrides on top of the inherited environment
     config_overlay_removed: set[str] = field(default_factory=set)  # keys dropped from --config_file
     user_config: Path | None = None  # the user's own --config_file, never modified
+    config_doc: dict[str, Any] | None = None  # its accepted content: what every launch gets a copy of
 
     @property
     def info(self) -> ScriptInfo:
@@ -29,27 +32,33 @@ class LaunchPlan:
 
     def copy(self) -> LaunchPlan:
         return LaunchPlan(self.command.copy(), dict(self.env), set(self.config_overlay_removed),
-                          self.user_config)
+                          self.user_config, self.config_doc)
 
     def config_value(self, name: str) -> object | None:
-        """The value kohya would see for a key of the user's --config_file (after our removals)."""
-        if self.user_config is None or name in self.config_overlay_removed:
+        """The value kohya would see for a key of the --config_file (after our removals)."""
+        if self.config_doc is None or name in self.config_overlay_removed:
             return None
-        return tomlio.flat_keys(tomlio.read_toml(self.user_config)).get(name)
+        return tomlio.flat_keys(self.config_doc).get(name)
 
     def effective(self, name: str) -> bool:
         """Whether the trainer will see this flag on: command line, or true in the config file."""
         return self.command.has(name) or self.config_value(name) not in (None, False)
 
-    def write_derived_config(self, run_dir: Path, attempt: int) -> None:
-        """Point --config_file at a derived copy without the removed keys, when any were removed."""
-        if self.user_config is None or not self.config_overlay_removed:
-            return
-        doc = tomlio.read_toml(self.user_config)
-        derived, _ = tomlio.without_keys(doc, self.config_overlay_removed)
-        path = run_dir / "derived" / f"attempt-{attempt}.config.toml"
-        from .fsutil import atomic_write_text
+    def value(self, name: str) -> object | None:
+        """The flag's value as kohya resolves it: the command line over the config file."""
+        v = self.command.get(name)
+        return v if v is not None else self.config_value(name)
 
+    def write_derived_config(self, run_dir: Path, attempt: int) -> None:
+        """Give the launch its own frozen copy of the accepted --config_file, minus removed keys.
+
+        The user may edit their file while the run trains; the trainer only ever reads this copy,
+        so an edit reaches it when trainsup has accepted it (see ``live``).
+        """
+        if self.user_config is None or self.config_doc is None:
+            return
+        derived, _ = tomlio.without_keys(self.config_doc, self.config_overlay_removed)
+        path = run_dir / "derived" / f"attempt-{attempt}.config.toml"
         atomic_write_text(path, f"# derived by trainsup from {self.user_config}\n" + tomlio.dumps(derived))
         self.command.set("config_file", str(path))
 

@@ -31,7 +31,10 @@ class Policy:
     stop_grace_s: float = 30.0
     save_every_n_steps: int | None = None  # None: about 10% of --max_train_steps
     allow_upgrade: bool = True
-    pump_wait_s: float = 2.0  # after the child exits, how long its pipes may stay open (orphans)
+    pump_wait_s: float = 2.0
+    on_prompt_change: str = "at_checkpoint"  # at_checkpoint | now | ignore, for trainers that cache prompts
+    snapshot_prompts: bool = True  # give each launch a frozen prompt copy (protects cached prompts)
+    debounce_s: float = 0.1  # one editor save raises several events: report a file once quiet this long  # after the child exits, how long its pipes may stay open (orphans)
     rules: tuple[Any, ...] = field(default_factory=tuple)  # fault rules added by the user
     source: str = "<defaults>"
 
@@ -65,6 +68,14 @@ def _opt_int(minimum: int) -> Callable[[Any], int | None]:
     return conv
 
 
+def _choice(*options: str) -> Callable[[Any], str]:
+    def conv(v: Any) -> str:
+        if v not in options:
+            raise TypeError(" | ".join(options))
+        return str(v)
+    return conv
+
+
 def _bool(v: Any) -> bool:
     if not isinstance(v, bool):
         raise TypeError("true or false")
@@ -87,6 +98,11 @@ _SCHEMA: dict[str, dict[str, tuple[str, Callable[[Any], Any]]]] = {
     "stop": {"grace_s": ("stop_grace_s", _num(0)), "pump_wait_s": ("pump_wait_s", _num(0))},
     "save": {"every_n_steps": ("save_every_n_steps", _opt_int(1))},
     "environment": {"allow_upgrade": ("allow_upgrade", _bool)},
+    "live": {
+        "on_prompt_change": ("on_prompt_change", _choice("at_checkpoint", "now", "ignore")),
+        "debounce_s": ("debounce_s", _num(0)),
+        "snapshot_prompts": ("snapshot_prompts", _bool),
+    },
 }
 _TOP_LEVEL = set(_SCHEMA) | {"rules"}
 

@@ -46,13 +46,15 @@ def prepare(argv: list[str], cwd: Path, policy: Policy, rng: random.Random | Non
     config_path = command.get("config_file")
     user_config = _resolve(config_path, cwd) if config_path else None
     config: dict[str, object] = {}
+    config_doc = None
     if user_config is not None:
         try:
-            config = tomlio.flat_keys(tomlio.read_toml(user_config))
+            config_doc = tomlio.read_toml(user_config)
+            config = tomlio.flat_keys(config_doc)
         except tomlio.ConfigFileError as exc:
             raise UsageError(f"--config_file {exc}") from None
         command.set("config_file", str(user_config))
-    plan = LaunchPlan(command, {}, set(), user_config)
+    plan = LaunchPlan(command, {}, set(), user_config, config_doc)
 
     def value(name: str) -> object | None:
         v = command.get(name)

@@ -21,7 +21,7 @@ _TRANSITIONS: dict[RunState, frozenset[RunState]] = {
                                   RunState.GAVE_UP, RunState.BACKOFF}),
     RunState.RUNNING: frozenset({RunState.STOPPING}),
     RunState.STOPPING: frozenset({RunState.REMEDYING, RunState.FINISHED, RunState.GAVE_UP,
-                                  RunState.STOPPED}),
+                                  RunState.STOPPED, RunState.STARTING}),  # STARTING: applying an edit
     RunState.REMEDYING: frozenset({RunState.BACKOFF, RunState.STOPPED, RunState.GAVE_UP}),
     RunState.BACKOFF: frozenset({RunState.STARTING, RunState.STOPPED}),
     RunState.FINISHED: frozenset(),

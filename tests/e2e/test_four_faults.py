@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 
 from tests.e2e.demo_harness import (
+    FAST_POLICY,
     assert_same_weights,
     assert_untouched,
     clean_env,
@@ -97,8 +98,11 @@ def test_prompt_edit_under_te_caching_restarts_from_the_last_state(assets: dict[
             prompts.write_text("a red fox in fresh snow --w 16 --h 16 --s 4\n")
             edited.append(event["step"])
 
+    # Prompt protection (snapshots) would keep the edit from the trainer; turned off, the fault is
+    # real and trainsup must recover from it.
     run = supervise(demo_argv("flux_train_network", assets, out, *flags), out, tmp_path,
-                    env=clean_env(TRAINSUP_DEMO_STEP_SECONDS="0.15"), on_event=edit_after_first_state)
+                    env=clean_env(TRAINSUP_DEMO_STEP_SECONDS="0.15"), on_event=edit_after_first_state,
+                    policy=FAST_POLICY + "live:\n  snapshot_prompts: false\n")
     assert run.returncode == 0, run.stderr[-3000:]
     assert edited == [4]
     assert [f["class"] for f in run.of("fault")] == ["te_cache_none"]

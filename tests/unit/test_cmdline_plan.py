@@ -32,7 +32,8 @@ def test_set_and_remove_keep_other_flags_in_order() -> None:
 
 
 def _plan(argv: str, config: Path | None = None) -> LaunchPlan:
-    return LaunchPlan(TrainerCommand.parse(argv.split()), {}, set(), config)
+    doc = tomllib.loads(config.read_text()) if config else None
+    return LaunchPlan(TrainerCommand.parse(argv.split()), {}, set(), config, doc)
 
 
 def test_flags_that_do_not_exist_in_the_script_are_never_added() -> None:

@@ -1,4 +1,5 @@
-"""Owns `trainsup demo`: four supervised runs of the demo trainer, each hitting one documented fault.
+"""Owns `trainsup demo`: supervised runs of the demo trainer hitting the four documented faults, and
+the prompt edit that trainsup's prompt protection turns into a checkpoint restart instead of a crash.
 
 Each scenario starts from a broken command line, runs it under `trainsup run` (a real subprocess),
 follows the journal, and tells in a few lines what was detected (by class id), what was changed and
@@ -63,6 +64,7 @@ class Scenario:
     model: str = "model"
     python: str = sys.executable
     hook: Callable[[Path], EventHook] | None = None  # given the scenario dir, returns an event hook
+    policy: str = ""  # added to the demo policy
 
 
 def _argv(s: Scenario, assets: dict[str, Path], out: Path) -> list[str]:
@@ -72,11 +74,13 @@ def _argv(s: Scenario, assets: dict[str, Path], out: Path) -> list[str]:
             "--train_batch_size", "2", "--learning_rate", "1e-3", *s.flags]
 
 
-def _edit_prompts_after_first_state(prompts: Path) -> EventHook:
+def _edit_prompts_after_first_state(prompts: Path, text: str) -> EventHook:
+    edited: list[int] = []
+
     def hook(event: dict[str, Any]) -> None:
-        if event["event"] == "state_saved" and not getattr(hook, "done", False):
-            prompts.write_text("a red fox in fresh snow --w 16 --h 16 --s 4\n", encoding="utf-8")
-            hook.done = True
+        if event["event"] == "state_saved" and not edited:
+            prompts.write_text(text, encoding="utf-8")
+            edited.append(event["step"])
             print("  (the prompt file was edited mid-run, after the first saved state)")
     return hook
 
@@ -98,18 +102,27 @@ def _scenarios(work: Path, assets: dict[str, Path]) -> list[Scenario]:
     prompts = work / "prompts.txt"
     shutil.copy(assets["prompts"], prompts)
     sampling = ["--sample_prompts", str(prompts), "--sample_every_n_steps", "10"]
+    protected = work / "prompts-protected.txt"
+    shutil.copy(assets["prompts"], protected)
     return [
         Scenario("an fp8 Flux checkpoint loaded without --fp8_base", "flux_train_network", [],
                  model="model_fp8"),
         Scenario("sampling with cached latents hits a cuda/cpu mismatch (simulated: no GPU here)",
                  "train_network", ["--cache_latents", *sampling],
                  env={"TRAINSUP_DEMO_SIMULATE": "device_mismatch"}),
-        Scenario("the sample-prompt file is edited while text-encoder outputs are cached",
+        Scenario("the sample-prompt file is edited while text-encoder outputs are cached "
+                 "(prompt protection off to show the recovery)",
                  "flux_train_network", ["--cache_text_encoder_outputs", *sampling],
                  env={"TRAINSUP_DEMO_STEP_SECONDS": "0.1"},
-                 hook=lambda d: _edit_prompts_after_first_state(prompts)),
+                 hook=lambda d: _edit_prompts_after_first_state(prompts, "a red fox in fresh snow --w 16 --h 16\n"),
+                 policy="live:\n  snapshot_prompts: false\n"),
         Scenario("--fp8_base state saves with the trainer's safetensors 0.4.1", "flux_train_network",
                  ["--fp8_base", "--mixed_precision", "bf16"]),
+        Scenario("the same prompt edit with prompt protection on (the default): no crash at all",
+                 "flux_train_network", ["--cache_text_encoder_outputs", "--sample_prompts", str(protected),
+                                        "--sample_every_n_steps", "10"],
+                 env={"TRAINSUP_DEMO_STEP_SECONDS": "0.1"},
+                 hook=lambda d: _edit_prompts_after_first_state(protected, "a red fox in fresh snow --w 16 --h 16\n")),
     ]
 
 
@@ -121,6 +134,10 @@ def _tell(events: list[dict[str, Any]], rc: int) -> None:
             print(f"  changed   {'; '.join(e['actions'])}")
         elif e["event"] == "environment_upgrade":
             print(f"  upgraded  {e['spec']} in {e['python']} (exit {e['exit_code']})")
+        elif e["event"] == "change_scheduled":
+            print(f"  scheduled {Path(e['path']).name} change: apply {e['apply']}")
+        elif e["event"] == "change_applied":
+            print(f"  applied   {Path(e['path']).name} change in attempt {e['attempt']}")
         elif e["event"] == "attempt_start" and e["attempt"] > 1:
             where = f"step {e['resume_step']} ({Path(e['resume_from']).name})" if e["resume_from"] else \
                 "step 0 (no complete state yet)"
@@ -138,8 +155,6 @@ def run_demo(keep: Path | None = None, verbose: bool = False) -> int:
     base.mkdir(parents=True, exist_ok=True)
     print(f"trainsup demo: assets and runs in {base}")
     assets = make_assets(base / "assets")
-    policy = base / "policy.yaml"
-    policy.write_text(POLICY, encoding="utf-8")
     scenarios = _scenarios(base, assets)
     failures = 0
     for i, s in enumerate(scenarios, 1):
@@ -155,6 +170,8 @@ def run_demo(keep: Path | None = None, verbose: bool = False) -> int:
         print("  command   " + " ".join(a if a.startswith("-") or "/" not in a else Path(a).name for a in argv[1:]))
         env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINSUP_DEMO_")}
         env.update(s.env)
+        policy = base / f"policy{i}.yaml"
+        policy.write_text(POLICY + s.policy, encoding="utf-8")
         cmd = [sys.executable, "-m", "trainsup.cli", "run", "--policy", str(policy)]
         cmd += [] if verbose else ["--quiet"]
         proc = subprocess.Popen([*cmd, "--", *argv], env=env, stdout=None if verbose else subprocess.DEVNULL,
@@ -162,6 +179,6 @@ def run_demo(keep: Path | None = None, verbose: bool = False) -> int:
         events = follow(proc, out / ".trainsup", s.hook(base) if s.hook else None)
         _tell(events, proc.returncode)
         failures += proc.returncode != 0
-    print(f"\ntrainsup demo: {len(scenarios) - failures}/{len(scenarios)} runs recovered in "
+    print(f"\ntrainsup demo: {len(scenarios) - failures}/{len(scenarios)} runs finished in "
           f"{time.monotonic() - started:.0f} s; journals are in {base}/run*/.trainsup/events.jsonl")
     return 0 if failures == 0 else 1

@@ -1,0 +1,112 @@
+"""Owns sample-prompt files: validating an edit before it can reach the trainer.
+
+kohya reads ``--sample_prompts`` as ``.txt`` (one prompt a line, options after `` --``: ``--n``
+negative, ``--w``/``--h`` size, ``--d`` seed, ``--s`` steps, ``--l`` CFG scale, ``--ss`` sampler,
+``--g``/``--f``/``--cn``/``--am`` for some architectures; ``#`` starts a comment line), ``.toml``
+(``[[prompt.subset]]`` tables, or a top-level ``prompt`` list) or ``.json`` (a list of objects).
+An invalid file is rejected with its line, and the run keeps the snapshot it has.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+_INT_OPTS = {"w", "h", "d", "s", "f"}
+_FLOAT_OPTS = {"l", "g", "am"}
+_TEXT_OPTS = {"n", "ss", "cn", "ctrl"}
+_TOML_LINE = re.compile(r"line (\d+)")
+
+
+@dataclass(frozen=True)
+class PromptError(Exception):
+    path: Path
+    line: int | None
+    reason: str
+
+    def __str__(self) -> str:
+        where = f"{self.path}:{self.line}" if self.line else str(self.path)
+        return f"{where}: {self.reason}"
+
+
+def parse_prompt_file(path: Path) -> list[str]:
+    """The prompts the trainer would sample, or ``PromptError`` naming the line at fault."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise PromptError(path, None, "the prompt file is gone") from None
+    except OSError as exc:
+        raise PromptError(path, None, f"cannot read it ({exc.strerror or exc})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise PromptError(path, line, "not UTF-8 text") from None
+    suffix = path.suffix.lower()
+    if suffix == ".toml":
+        return _from_toml(path, text)
+    if suffix == ".json":
+        return _from_json(path, text)
+    return _from_txt(path, text)
+
+
+def _from_txt(path: Path, text: str) -> list[str]:
+    prompts = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        prompt, *options = line.split(" --")
+        if not prompt.strip():
+            raise PromptError(path, number, "a line with options but no prompt text")
+        for option in options:
+            key, _, value = option.strip().partition(" ")
+            key, value = key.lower(), value.strip()
+            if key in _INT_OPTS:
+                if not re.fullmatch(r"-?\d+", value):
+                    raise PromptError(path, number, f"--{key} expects an integer, got {value!r}")
+            elif key in _FLOAT_OPTS:
+                try:
+                    float(value)
+                except ValueError:
+                    raise PromptError(path, number, f"--{key} expects a number, got {value!r}") from None
+            elif key not in _TEXT_OPTS:
+                raise PromptError(path, number, f"unknown option --{key}")
+        prompts.append(prompt.strip())
+    if not prompts:
+        raise PromptError(path, None, "no prompt in the file")
+    return prompts
+
+
+def _from_toml(path: Path, text: str) -> list[str]:
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        m = _TOML_LINE.search(str(exc))
+        raise PromptError(path, int(m.group(1)) if m else None, f"invalid TOML: {exc}") from None
+    section = doc.get("prompt", doc)
+    entries = section.get("subset", []) if isinstance(section, dict) else section
+    return _entries(path, entries)
+
+
+def _from_json(path: Path, text: str) -> list[str]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PromptError(path, exc.lineno, f"invalid JSON: {exc.msg}") from None
+    return _entries(path, data)
+
+
+def _entries(path: Path, entries: object) -> list[str]:
+    if not isinstance(entries, list) or not entries:
+        raise PromptError(path, None, "expected a non-empty list of prompts")
+    prompts = []
+    for i, entry in enumerate(entries):
+        text = entry.get("prompt") if isinstance(entry, dict) else entry if isinstance(entry, str) else None
+        if not isinstance(text, str) or not text.strip():
+            raise PromptError(path, None, f"entry {i + 1} has no prompt text")
+        prompts.append(text.strip())
+    return prompts
