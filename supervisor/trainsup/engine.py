@@ -221,6 +221,9 @@ class Supervisor:
             bad = self._output_dir() / f"{step_name}-step{saving:08d}-state"
             self.ledger.mark_bad(bad)
         trained = r.obs.progress.step if r.obs.progress else 0
+        # The bar may lag its last redraw; a state this attempt saved proves how far it got.
+        saved = [s.step for s in self.ledger.states if s.attempt == attempt]
+        trained = max([trained] + [step - self.resume_step for step in saved])
         self.nan_abs_step = None if r.nan_progress_step is None else self.resume_step + r.nan_progress_step
         ev = r.evidence
         self.journal.event("attempt_end", attempt=attempt, exit_code=r.exit_code, signal=r.signal,

@@ -1,0 +1,137 @@
+"""Live edits under `trainsup run`: prompt edits applied at checkpoints instead of crashing the run,
+invalid edits rejected, caption edits invalidating exactly the stale text-encoder cache."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from tests.e2e.demo_harness import clean_env, demo_argv, supervise
+
+V2 = "a lighthouse at dusk --w 16 --h 16 --s 4\n"
+V3 = "a cabin in deep snow --w 16 --h 16 --s 4\n"
+
+
+def sampling_rounds(out: Path) -> list[set[str]]:
+    """The prompts of each sampling round, in the order they ran (kohya labels resumed samples with
+    its restarted step counter, so order, not the label, tells which round came when)."""
+    rounds: list[set[str]] = []
+    last = None
+    for line in (out / "sample" / "prompts_used.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        key = (rec["step"], Path(rec["file"]).name.rsplit("_", 2)[0])
+        if key != last:
+            rounds.append(set())
+            last = key
+        rounds[-1].add(rec["prompt"])
+    return rounds
+
+
+def test_prompt_edits_under_te_caching_apply_at_checkpoints_without_a_crash(assets: dict[str, Path],
+                                                                            tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.txt"
+    shutil.copy(assets["prompts"], prompts)
+    original = prompts.read_bytes()
+    out = tmp_path / "out"
+    edits: list[str] = []
+
+    def edit(event: dict) -> None:
+        if event["event"] != "state_saved":
+            return
+        if event["step"] == 4 and not edits:  # vim / VS Code style: write elsewhere, rename over
+            tmp = tmp_path / ".prompts.txt.swp"
+            tmp.write_text(V2)
+            os.replace(tmp, prompts)
+            edits.append("rename")
+        elif event["step"] == 12 and len(edits) == 1:  # truncate and write in place
+            with open(prompts, "r+") as fh:
+                fh.truncate(0)
+                fh.write(V3)
+            edits.append("in-place")
+
+    flags = ("--cache_text_encoder_outputs", "--sample_prompts", str(prompts), "--sample_every_n_steps", "2")
+    run = supervise(demo_argv("flux_train_network", assets, out, *flags, steps=24), out, tmp_path,
+                    env=clean_env(TRAINSUP_DEMO_STEP_SECONDS="0.2"), on_event=edit)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert edits == ["rename", "in-place"]
+    assert run.of("fault") == []  # no attempt crashed
+    kinds = [e["event"] for e in run.events if e["event"] in ("change_scheduled", "change_applied")]
+    assert kinds == ["change_scheduled", "change_applied", "change_scheduled", "change_applied"]
+    starts = run.of("attempt_start")
+    assert [s["resume_step"] for s in starts] == [0, 8, 16]  # each change waited for the next checkpoint
+    # Nothing redone, nothing lost: the attempts trained exactly --max_train_steps between them.
+    assert sum(e["steps_trained"] for e in run.of("attempt_end")) == 24
+    # Samples after each switch use the new prompts: 4 rounds per 8 steps, sampling every 2 steps.
+    first = {line.split(" --")[0] for line in original.decode().splitlines() if line and not line.startswith("#")}
+    assert sampling_rounds(out) == [first] * 4 + [{V2.split(" --")[0]}] * 4 + [{V3.split(" --")[0]}] * 4
+    assert prompts.read_text() == V3  # the user's file is theirs: never rewritten
+
+
+def test_invalid_prompt_edit_is_rejected_with_its_line_and_the_run_goes_on(assets: dict[str, Path],
+                                                                           tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.txt"
+    shutil.copy(assets["prompts"], prompts)
+    out = tmp_path / "out"
+    done: list[bool] = []
+
+    def break_it(event: dict) -> None:
+        if event["event"] == "state_saved" and not done:
+            prompts.write_text("a fine prompt --w 16\na broken one --w sixteen\n")
+            done.append(True)
+
+    flags = ("--cache_text_encoder_outputs", "--sample_prompts", str(prompts), "--sample_every_n_steps", "4")
+    run = supervise(demo_argv("flux_train_network", assets, out, *flags), out, tmp_path,
+                    env=clean_env(TRAINSUP_DEMO_STEP_SECONDS="0.15"), on_event=break_it)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rejected = run.of("change_rejected")
+    assert len(rejected) == 1 and rejected[0]["line"] == 2 and "--w expects an integer" in rejected[0]["reason"]
+    assert len(run.of("attempt_start")) == 1 and run.of("fault") == []
+    assert run.of("change_scheduled") == []
+
+
+def dataset_state(root: Path) -> dict[str, tuple[str, int]]:
+    return {str(p.relative_to(root)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_caption_edit_invalidates_exactly_that_images_te_cache(assets: dict[str, Path], tmp_path: Path) -> None:
+    dataset = tmp_path / "dataset"
+    shutil.copytree(assets["dataset"], dataset)
+    out = tmp_path / "out"
+    argv = demo_argv("flux_train_network", assets, out, "--cache_text_encoder_outputs",
+                     "--cache_text_encoder_outputs_to_disk")
+    argv[argv.index("--train_data_dir") + 1] = str(dataset)
+    subset = dataset / "1_demo"
+    captions = sorted(subset.glob("*.txt"))
+    edited = captions[2]
+    seen: list[bool] = []
+
+    def edit_caption(event: dict) -> None:
+        if event["event"] == "state_saved" and not seen:
+            edited.write_text("a completely different caption\n")
+            seen.append(True)
+
+    first = supervise(argv, out, tmp_path, env=clean_env(TRAINSUP_DEMO_STEP_SECONDS="0.1"), on_event=edit_caption)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert {"event": "file_changed", "path": str(edited.resolve()), "kind": "modified"}.items() <= \
+        {**first.of("file_changed")[0]}.items()
+    assert first.of("change_scheduled")[0]["apply"] == "next_launch"
+    cache = subset / f"{edited.stem}_flux_te.npz"
+    assert cache.exists() and len(list(subset.glob("*_flux_te.npz"))) == len(captions)
+    before = dataset_state(dataset)
+
+    second = supervise(argv, out, tmp_path)  # the next launch, in the same run dir
+    assert second.returncode == 0, second.stderr[-3000:]
+    moved = second.of("cache_invalidated")
+    assert len(moved) == 1 and moved[0]["files"] == [str(cache)]
+    kept = list((second.run_dir / "invalidated").glob(f"*/1_demo/{cache.name}"))
+    assert len(kept) == 1  # set aside under its path relative to the dataset, not deleted
+    after = dataset_state(dataset)
+    rel = str(cache.relative_to(dataset))
+    for name, digest_and_mtime in before.items():
+        if name != rel:
+            assert after[name] == digest_and_mtime, f"{name} changed"
+    assert rel in after  # the trainer rebuilt it from the new caption
