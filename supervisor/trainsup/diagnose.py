@@ -1,0 +1,257 @@
+"""Owns ``trainsup diagnose``: classifying saved logs offline and saying what ``trainsup run`` would do.
+
+Each log is read by ``logscan`` with the live supervisor's scanner and rule table (the policy's
+user rules first).  The diagnosis names the fault class, the evidence line and its number, the
+rule's explanation, the remedy ``trainsup run`` would apply (the first rung of
+``remedies.ladder(fault)`` that changes this command, chosen as the engine chooses it) and, when
+the trainer's command is known (from the log, or ``--command``), the corrected command line.
+
+A clean log is a classification too: no fault.  A log that visibly failed (a launcher's failure
+report, or a traceback after the last progress) with no rule matching is ``unknown``, with no
+evidence.  Unreadable input (missing, a directory, no permission) is reported on one line naming
+the file; the other files are still classified.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO, TextIO
+
+from . import tomlio
+from .cmdline import TrainerCommand
+from .fault_rules import BUILTIN_RULES, FaultRule, compose_rules
+from .interpreter import trainer_python, upgrade_command
+from .linetext import strip_ansi
+from .logscan import LogScan, find_command_near_end, scan_log
+from .plan import LaunchPlan, apply_action
+from .remedies import NOT_RESTARTABLE, Action, Rung, ladder
+
+__all__ = ["Diagnosis", "diagnose_stream", "plan_remedy", "run_diagnose"]
+
+EXIT_OK = 0
+EXIT_UNREADABLE = 2
+_UNKNOWN_WHY = "The run failed, and no rule matched its output."
+_TEXT_EVIDENCE = 400  # characters of the evidence line shown in text output (JSON has it all)
+
+
+@dataclass
+class Diagnosis:
+    file: str
+    fault: str | None = None
+    evidence: str | None = None
+    line: int | None = None
+    explanation: str | None = None
+    remedy: list[str] = field(default_factory=list)
+    command: str | None = None  # the command trainsup run would launch next, when known
+    command_changed: bool = False
+    command_source: str | None = None  # "log" or "--command"
+    notes: list[str] = field(default_factory=list)
+    success: bool = False
+
+    def as_json(self) -> dict[str, object]:
+        out: dict[str, object] = {"file": self.file, "fault": self.fault, "evidence": self.evidence,
+                                  "line": self.line, "explanation": self.explanation, "remedy": self.remedy}
+        if self.command is not None:
+            out["command"] = self.command
+            out["command_source"] = self.command_source
+        return out
+
+
+@dataclass(frozen=True)
+class Remedy:
+    rung: Rung | None
+    changes: list[str]
+    plan: LaunchPlan | None  # the corrected plan, when a command was given
+    relaunch: bool  # trainsup run would launch again (False: it stops)
+
+
+def _applicable(plan: LaunchPlan, rung: Rung) -> bool:
+    """Whether the rung would do anything here (the engine's dry run on a copy of the plan)."""
+    trial = plan.copy()
+    for action in rung.actions:
+        if action.kind in ("restart", "upgrade", "stop"):
+            return True
+        try:
+            if apply_action(trial, action) is not None:
+                return True
+        except (ValueError, OSError):
+            continue
+    return False
+
+
+def _upgrade_text(action: Action, plan: LaunchPlan | None, evidence: str | None) -> str:
+    spec = action.name
+    if evidence and "unexpected keyword argument 'device'" in evidence:
+        spec = "safetensors>=0.4.3"  # the resume-side failure needs the later release (as the engine does)
+    python = trainer_python(plan.command.launcher) if plan is not None else None
+    pip = " ".join(upgrade_command(python or "<trainer's python>", shlex.quote(spec)))
+    return f"upgrade {spec} in the trainer's interpreter: {pip}"
+
+
+def plan_remedy(fault: str, plan: LaunchPlan | None, evidence: str | None = None) -> Remedy:
+    """The remedy trainsup run would apply after this fault on a first attempt."""
+    rungs = ladder(fault)
+    if fault in NOT_RESTARTABLE:
+        rung: Rung | None = rungs[0]  # the engine stops at once with this rung's reason
+    else:
+        index = 0
+        if plan is not None:
+            while index < len(rungs) and not rungs[index].repeat and not _applicable(plan, rungs[index]):
+                index += 1
+        rung = rungs[index] if index < len(rungs) else None
+    if rung is None:
+        return Remedy(None, ["stop: no remedy left that changes this command"], None, False)
+    new = plan.copy() if plan is not None else None
+    changes: list[str] = []
+    for action in rung.actions:
+        if action.kind == "upgrade":
+            changes.append(_upgrade_text(action, new, evidence))
+        elif new is None or action.kind in ("restart", "stop"):
+            changes.append(action.describe())
+        else:
+            try:
+                change = apply_action(new, action)
+            except (ValueError, OSError):
+                change = None
+            if change is not None:
+                changes.append(change)
+    relaunch = not any(a.kind == "stop" for a in rung.actions)
+    return Remedy(rung, changes, new if relaunch else None, relaunch)
+
+
+def command_text(plan: LaunchPlan) -> str:
+    """The plan as one shell line: environment assignments, then the argv."""
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(plan.env.items()))
+    return (env + " " if env else "") + shlex.join(plan.command.argv())
+
+
+def build_plan(argv: list[str]) -> LaunchPlan:
+    """A plan for a command as the user gave it; its --config_file is read when it exists here."""
+    command = TrainerCommand.parse(argv)
+    config = command.get("config_file")
+    user_config = None
+    if config:
+        path = Path(config).expanduser()
+        try:
+            tomlio.read_toml(path)
+            user_config = path
+        except (tomlio.ConfigFileError, OSError):
+            user_config = None  # not on this machine (or broken): only the command line is known
+    return LaunchPlan(command, {}, set(), user_config)
+
+
+def _explanation(fault: str, rules: Sequence[FaultRule]) -> str:
+    for rule in rules:
+        if rule.id == fault:
+            return rule.explanation
+    return _UNKNOWN_WHY if fault == "unknown" else ""
+
+
+def diagnose_stream(name: str, fh: BinaryIO, rules: Sequence[FaultRule] = BUILTIN_RULES,
+                    command: list[str] | None = None, size: int | None = None) -> Diagnosis:
+    """Diagnose one open log.  ``size`` (for seekable files) lets a scan that stopped at its
+    verdict still look for the command line in the log's last lines."""
+    scan: LogScan = scan_log(fh, rules)
+    diagnosis = Diagnosis(name, success=scan.success)
+    verdict = scan.verdict
+    if verdict is not None:
+        diagnosis.fault, diagnosis.line = verdict.fault, verdict.lineno
+        diagnosis.evidence = strip_ansi(verdict.line)
+    elif scan.failed:
+        diagnosis.fault = "unknown"
+    if diagnosis.fault is None:
+        return diagnosis
+    diagnosis.explanation = _explanation(diagnosis.fault, rules)
+    argv, source = (command, "--command") if command is not None else (scan.command, "log")
+    if argv is None and scan.stopped_early and size is not None:
+        argv = find_command_near_end(fh, size)
+    plan = None
+    if argv is not None:
+        try:
+            plan = build_plan(argv)
+        except ValueError as exc:
+            diagnosis.notes.append(f"the command line found in the log is not usable: {exc}")
+    remedy = plan_remedy(diagnosis.fault, plan, diagnosis.evidence)
+    diagnosis.remedy = remedy.changes
+    if plan is not None and remedy.plan is not None:
+        diagnosis.command = command_text(remedy.plan)
+        diagnosis.command_changed = diagnosis.command != command_text(plan)
+        diagnosis.command_source = source
+        for name in sorted(remedy.plan.config_overlay_removed):
+            diagnosis.notes.append(f"--{name} is set in {remedy.plan.user_config}: remove it there too "
+                                   "(trainsup run writes a derived copy instead)")
+    elif plan is None:
+        diagnosis.notes.append("no command line found in the log; give it with --command to get it corrected")
+    return diagnosis
+
+
+def diagnose_path(path: str, rules: Sequence[FaultRule], command: list[str] | None) -> Diagnosis:
+    """Diagnose a file, or stdin for ``-``.  Raises OSError when the input cannot be read."""
+    if path == "-":
+        return diagnose_stream("-", sys.stdin.buffer, rules, command)
+    with open(path, "rb", buffering=0) as fh:
+        return diagnose_stream(path, fh, rules, command, os.fstat(fh.fileno()).st_size)
+
+
+def format_text(d: Diagnosis) -> str:
+    if d.fault is None:
+        why = 'the run finished ("model saved.")' if d.success else "no fault found"
+        return f"{d.file}: no fault ({why})"
+    head = f"{d.file}: {d.fault}" + (f" at line {d.line}" if d.line is not None else " (no evidence line)")
+    out = [head]
+    if d.evidence is not None:
+        rows = d.evidence.split("\n")
+        first = rows[0] if len(rows[0]) <= _TEXT_EVIDENCE else rows[0][:_TEXT_EVIDENCE] + "…"
+        out.append(f"  evidence: {first.strip()}")
+        out.extend(f"            {row.strip()}" for row in rows[1:])
+    if d.explanation:
+        out.append(f"  why: {d.explanation}")
+    out.append(f"  trainsup run would: {'; '.join(d.remedy)}")
+    if d.command is not None and d.command_changed:
+        out.append(f"  corrected command: {d.command}")
+    out.extend(f"  note: {n}" for n in d.notes)
+    return "\n".join(out)
+
+
+def run_diagnose(paths: Sequence[str], *, as_json: bool, command: str | None, policy: Path | None,
+                 out: TextIO, err: TextIO) -> int:
+    """The verb: returns 0 when every input was classified, 2 when one could not be read (or the
+    options are bad)."""
+    from .policy import PolicyError, load_policy
+
+    try:
+        rules = compose_rules(load_policy(policy).rules)
+    except PolicyError as exc:
+        print(f"trainsup diagnose: error: {exc}", file=err)
+        return EXIT_UNREADABLE
+    argv = None
+    if command is not None:
+        try:
+            argv = shlex.split(command)
+            TrainerCommand.parse(argv)
+        except ValueError as exc:
+            print(f"trainsup diagnose: error: --command: {exc}", file=err)
+            return EXIT_UNREADABLE
+    code = EXIT_OK
+    for n, path in enumerate(paths):
+        try:
+            diagnosis = diagnose_path(path, rules, argv)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            print(f"trainsup diagnose: error: cannot read {path}: {reason}", file=err)
+            if as_json:
+                print(json.dumps({"file": path, "error": reason}), file=out)
+            code = EXIT_UNREADABLE
+            continue
+        if as_json:
+            print(json.dumps(diagnosis.as_json(), ensure_ascii=False), file=out)
+        else:
+            print(("\n" if n else "") + format_text(diagnosis), file=out)
+        out.flush()
+    return code
