@@ -10,6 +10,7 @@ Times one child writing >= 200 MB of kohya-like output (log lines and `\\r` bar 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -44,9 +45,11 @@ def main() -> int:
             supervised.append(timed([sys.executable, "-m", "trainsup.cli", "run", "--run-dir", str(run_dir),
                                      "--", *child, "--output_dir", str(run_dir / "out")], env))
             log = run_dir / "attempt-1.log"
+            end = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()
+                   if '"attempt_end"' in x][0]
             print(f"rep {rep + 1}: cat {baseline[-1]:.2f}s  trainsup {supervised[-1]:.2f}s  "
-                  f"ratio {supervised[-1] / baseline[-1]:.3f}  log {log.stat().st_size / 1e6:.0f} MB",
-                  flush=True)
+                  f"ratio {supervised[-1] / baseline[-1]:.3f}  log {log.stat().st_size / 1e6:.0f} MB  "
+                  f"parse skipped {end['skipped_lines']} lines (counted, log complete)", flush=True)
     ratios = [s / b for s, b in zip(supervised, baseline)]
     print(f"median ratio trainsup/cat over {args.reps} reps of {args.mb} MB: {statistics.median(ratios):.3f} "
           f"(cat median {statistics.median(baseline):.2f}s, trainsup median {statistics.median(supervised):.2f}s)")

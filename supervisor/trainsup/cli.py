@@ -2,6 +2,8 @@
 
 Exit codes of ``trainsup run``: 0 training finished; 2 bad usage or policy; 3 gave up after the
 restart budget; 4 stopped on a fault a restart cannot fix; 130/143 stopped by SIGINT/SIGTERM.
+``trainsup diagnose``: 0 every log classified; 2 an input could not be read (or bad options).
+``trainsup doctor``: 0 no findings; 1 warnings only; 2 blockers (or bad usage).
 """
 
 from __future__ import annotations
@@ -25,6 +27,16 @@ def _parser() -> argparse.ArgumentParser:
                      "(default: OUTPUT_DIR/.trainsup, or ./.trainsup)")
     run.add_argument("--quiet", action="store_true", help="do not pass the trainer's output through")
     run.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
+    diag = sub.add_parser("diagnose", help="classify saved training logs offline and say what run would change",
+                          usage='trainsup diagnose [--json] [--command "..."] [--policy FILE] LOG...')
+    diag.add_argument("--json", action="store_true", help="one JSON object per line per log")
+    diag.add_argument("--command", help="the training command the logs came from, to print it corrected")
+    diag.add_argument("--policy", type=Path, help="YAML policy whose user rules are applied first")
+    diag.add_argument("logs", nargs="+", metavar="LOG", help="log files; - reads stdin")
+    doctor = sub.add_parser("doctor", help="check a training command and its environment before running it",
+                            usage="trainsup doctor [--json] -- COMMAND...")
+    doctor.add_argument("--json", action="store_true", help="one JSON object with every finding")
+    doctor.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
     demo = sub.add_parser("demo", help="run the built-in demo: four real faults, detected and recovered")
     demo.add_argument("--keep", type=Path, help="keep the demo's files in this directory")
     demo.add_argument("--verbose", action="store_true", help="show the trainer's own output")
@@ -35,6 +47,21 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.verb == "run":
         return _run(args)
+    if args.verb == "diagnose":
+        from .diagnose import run_diagnose
+
+        return run_diagnose(args.logs, as_json=args.json, command=args.command, policy=args.policy,
+                            out=sys.stdout, err=sys.stderr)
+    if args.verb == "doctor":
+        from .doctor import run_doctor
+
+        command = list(args.command)
+        if command and command[0] == "--":
+            command = command[1:]
+        if not command:
+            print("trainsup doctor: error: give the training command after `--`", file=sys.stderr)
+            return 2
+        return run_doctor(command, as_json=args.json, cwd=Path.cwd(), env=dict(os.environ), out=sys.stdout)
     if args.verb == "demo":
         from .demo.story import run_demo
 

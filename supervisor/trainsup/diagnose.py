@@ -94,8 +94,13 @@ def _upgrade_text(action: Action, plan: LaunchPlan | None, evidence: str | None)
     return f"upgrade {spec} in the trainer's interpreter: {pip}"
 
 
-def plan_remedy(fault: str, plan: LaunchPlan | None, evidence: str | None = None) -> Remedy:
-    """The remedy trainsup run would apply after this fault on a first attempt."""
+def plan_remedy(fault: str, plan: LaunchPlan | None, evidence: str | None = None,
+                apply_to: LaunchPlan | None = None) -> Remedy:
+    """The remedy trainsup run would apply after this fault on a first attempt.
+
+    ``plan`` decides which rung applies (without one, the first); the rung is then applied to
+    ``apply_to`` (default: ``plan``) for the corrected command.
+    """
     rungs = ladder(fault)
     if fault in NOT_RESTARTABLE:
         rung: Rung | None = rungs[0]  # the engine stops at once with this rung's reason
@@ -107,20 +112,22 @@ def plan_remedy(fault: str, plan: LaunchPlan | None, evidence: str | None = None
         rung = rungs[index] if index < len(rungs) else None
     if rung is None:
         return Remedy(None, ["stop: no remedy left that changes this command"], None, False)
-    new = plan.copy() if plan is not None else None
+    target = apply_to if apply_to is not None else plan
+    new = target.copy() if target is not None else None
     changes: list[str] = []
     for action in rung.actions:
+        change = None
         if action.kind == "upgrade":
-            changes.append(_upgrade_text(action, new, evidence))
-        elif new is None or action.kind in ("restart", "stop"):
-            changes.append(action.describe())
-        else:
+            change = _upgrade_text(action, new, evidence)
+        elif new is not None and action.kind not in ("restart", "stop"):
             try:
                 change = apply_action(new, action)
             except (ValueError, OSError):
                 change = None
-            if change is not None:
-                changes.append(change)
+        if plan is None or action.kind in ("upgrade", "restart", "stop"):
+            change = change or action.describe()  # not judged against a command: say what it does
+        if change is not None:
+            changes.append(change)
     relaunch = not any(a.kind == "stop" for a in rung.actions)
     return Remedy(rung, changes, new if relaunch else None, relaunch)
 
@@ -177,14 +184,21 @@ def diagnose_stream(name: str, fh: BinaryIO, rules: Sequence[FaultRule] = BUILTI
             plan = build_plan(argv)
         except ValueError as exc:
             diagnosis.notes.append(f"the command line found in the log is not usable: {exc}")
-    remedy = plan_remedy(diagnosis.fault, plan, diagnosis.evidence)
+    config = plan.command.get("config_file") if plan is not None else None
+    if plan is not None and config and plan.user_config is None:
+        # Flags set in a config file that is not on this machine are unknown: say what the
+        # first rung does instead of judging it inapplicable.
+        diagnosis.notes.append(f"--config_file {config} is not readable here: flags set in it are unknown")
+        remedy = plan_remedy(diagnosis.fault, None, diagnosis.evidence, apply_to=plan)
+    else:
+        remedy = plan_remedy(diagnosis.fault, plan, diagnosis.evidence)
     diagnosis.remedy = remedy.changes
     if plan is not None and remedy.plan is not None:
         diagnosis.command = command_text(remedy.plan)
         diagnosis.command_changed = diagnosis.command != command_text(plan)
         diagnosis.command_source = source
-        for name in sorted(remedy.plan.config_overlay_removed):
-            diagnosis.notes.append(f"--{name} is set in {remedy.plan.user_config}: remove it there too "
+        for key in sorted(remedy.plan.config_overlay_removed):
+            diagnosis.notes.append(f"--{key} is set in {remedy.plan.user_config}: remove it there too "
                                    "(trainsup run writes a derived copy instead)")
     elif plan is None:
         diagnosis.notes.append("no command line found in the log; give it with --command to get it corrected")
@@ -201,8 +215,8 @@ def diagnose_path(path: str, rules: Sequence[FaultRule], command: list[str] | No
 
 def format_text(d: Diagnosis) -> str:
     if d.fault is None:
-        why = 'the run finished ("model saved.")' if d.success else "no fault found"
-        return f"{d.file}: no fault ({why})"
+        why = 'the run finished ("model saved.")' if d.success else "no fault found in the log"
+        return f"{d.file}: no fault: {why}"
     head = f"{d.file}: {d.fault}" + (f" at line {d.line}" if d.line is not None else " (no evidence line)")
     out = [head]
     if d.evidence is not None:

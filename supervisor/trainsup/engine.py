@@ -44,6 +44,7 @@ from .watch import FileWatcher
 from .weights import has_non_finite
 
 CHILD_ENV_DEFAULTS = {"COLUMNS": "250", "PYTHONUNBUFFERED": "1"}
+STATUS_INTERVAL_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class Supervisor:
         self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.state = RunState.STARTING
         self.stop_signal: int | None = None
+        self._status_written = float("-inf")
         self.rules = compose_rules(policy.rules)  # user rules first; an extended built-in replaced in place
         self._live = {r.id for r in self.rules if r.live}
 
@@ -242,6 +244,10 @@ class Supervisor:
 
     # --- live hooks ------------------------------------------------------------------------------
     def _on_progress(self, progress: Progress) -> None:
+        now = self.clock()
+        if now - self._status_written < STATUS_INTERVAL_S and progress.step < progress.total:
+            return  # a snapshot a few times a second is plenty; the bar may redraw far more often
+        self._status_written = now
         loss = None if progress.loss is None or math.isnan(progress.loss) else progress.loss
         self.journal.status(step=self.resume_step + progress.step, total=self.prepared.max_train_steps,
                             loss=loss, rate=progress.rate)

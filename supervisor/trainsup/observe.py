@@ -9,6 +9,7 @@ seen in the order the trainer printed them.
 from __future__ import annotations
 
 import queue
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,12 +19,11 @@ from .faults import Evidence, FaultScanner, parse_child_status
 from .linetext import clean_line
 from .splitter import LineSplitter
 
-MAX_LINES_PER_CHUNK = 4000
+MAX_LINES_PER_CHUNK = 2000
 
-# Cheap substring gates: only lines holding one of these reach a matcher.
-_BOOKKEEPING = ("Random states saved", "saving state at step", "model saved.",
-                "resume training from", "num batches per epoch", "gradient accumulation steps",
-                "exit status", "died with", "exitcode")
+# A cheap gate: only lines holding one of these reach a matcher.
+_BOOKKEEPING = re.compile("Random states saved|saving state at step|model saved\\.|resume training from|"
+                          "num batches per epoch|gradient accumulation steps|exit status|died with|exitcode")
 
 
 @dataclass
@@ -79,7 +79,7 @@ class OutputParser:
                 newest_bar = line
                 if line.endswith("]") and "nan" not in line:
                     continue  # a plain bar redraw carries no fault evidence; only the newest is parsed
-            elif any(gate in line for gate in _BOOKKEEPING):
+            elif _BOOKKEEPING.search(line):
                 self._bookkeeping(clean_line(line))
             evidence = self.scanner.feed(line, self.obs.lines)
             if evidence is not None:

@@ -7,10 +7,7 @@ the cap and the rest of it is dropped until the next line break, so an endless l
 
 from __future__ import annotations
 
-import re
-
 DEFAULT_MAX_LINE = 64 * 1024
-_BREAK = re.compile(rb"[\r\n]")
 
 
 class LineSplitter:
@@ -25,18 +22,28 @@ class LineSplitter:
         self.truncated_lines = 0
 
     def feed(self, chunk: bytes) -> list[str]:
-        lines: list[str] = []
         data = self._tail + chunk if self._tail else chunk
         self._tail = b""
-        start = 0
-        for match in _BREAK.finditer(data):
-            end = match.start()
-            if self._overlong:
-                self._overlong = False
-            elif end > start:  # empty pieces come from "\r\n" and blank redraws; they carry nothing
-                lines.append(self._decode(data[start:end]))
-            start = match.end()
-        rest = data[start:]
+        last = max(data.rfind(b"\n"), data.rfind(b"\r"))
+        if last < 0:
+            return self._keep_tail(data, [])
+        head, rest = data[:last], data[last + 1 :]
+        if self._overlong:
+            # The first piece finishes a line already emitted at the cap: drop it.
+            breaks = [i for i in (head.find(b"\n"), head.find(b"\r")) if i >= 0]
+            head = head[min(breaks) + 1 :] if breaks else b""
+            self._overlong = False
+        # Breaks are ASCII, so the complete part decodes whole, in one C call; the tail stays bytes
+        # because a multi-byte character may continue in the next chunk.
+        text = head.decode("utf-8", errors="replace").replace("\r", "\n")
+        lines = [line for line in text.split("\n") if line]  # "\r\n" and blank redraws carry nothing
+        for i, line in enumerate(lines):
+            if len(line) > self.max_line:
+                lines[i] = line[: self.max_line]
+                self.truncated_lines += 1
+        return self._keep_tail(rest, lines)
+
+    def _keep_tail(self, rest: bytes, lines: list[str]) -> list[str]:
         if self._overlong:
             return lines
         if len(rest) > self.max_line:

@@ -9,13 +9,11 @@ header whose tensors all lie inside the file. No tensor is loaded and torch is n
 from __future__ import annotations
 
 import json
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 from .profile import STATE_FILES, parse_state_name
-
-_MAX_HEADER = 100 * 1024 * 1024  # the safetensors format's own limit
+from .sthead import HeaderError, load_header
 
 
 @dataclass(frozen=True)
@@ -30,29 +28,14 @@ class StateCheck:
 def check_safetensors(path: Path) -> str:
     """'' when the file's header parses and covers the file; else why not."""
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as fh:
-            head = fh.read(8)
-            if len(head) < 8:
-                return f"{path.name}: truncated (no header length)"
-            (n,) = struct.unpack("<Q", head)
-            if n > _MAX_HEADER or 8 + n > size:
-                return f"{path.name}: header length {n} does not fit a {size}-byte file"
-            header = json.loads(fh.read(n))
-    except (OSError, ValueError) as exc:
+        header = load_header(path)
+        missing = header.missing_bytes()
+    except HeaderError as exc:
+        return f"{path.name}: {exc}"
+    except OSError as exc:
         return f"{path.name}: unreadable header ({exc})"
-    if not isinstance(header, dict):
-        return f"{path.name}: header is not a JSON object"
-    end = 0
-    for key, info in header.items():
-        if key == "__metadata__":
-            continue
-        try:
-            end = max(end, int(info["data_offsets"][1]))
-        except (KeyError, TypeError, ValueError, IndexError):
-            return f"{path.name}: tensor {key!r} has no valid data_offsets"
-    if 8 + n + end > size:
-        return f"{path.name}: truncated ({size} bytes, tensors need {8 + n + end})"
+    if missing:
+        return f"{path.name}: truncated ({header.size} bytes, tensors need {header.size + missing})"
     return _library_check(path)
 
 
