@@ -45,8 +45,8 @@ def main() -> int:
             supervised.append(timed([sys.executable, "-m", "trainsup.cli", "run", "--run-dir", str(run_dir),
                                      "--", *child, "--output_dir", str(run_dir / "out")], env))
             log = run_dir / "attempt-1.log"
-            end = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()
-                   if '"attempt_end"' in x][0]
+            end = next(json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()
+                       if '"attempt_end"' in x)
             print(f"rep {rep + 1}: cat {baseline[-1]:.2f}s  trainsup {supervised[-1]:.2f}s  "
                   f"ratio {supervised[-1] / baseline[-1]:.3f}  log {log.stat().st_size / 1e6:.0f} MB  "
                   f"parse skipped {end['skipped_lines']} lines (counted, log complete)", flush=True)

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from . import envprobe, gpu
+from . import gpu
 from .cmdline import TrainerCommand, find_script
 from .doctor_checks import CommandView, Finding, check_command, load_view
-from .interpreter import trainer_python, upgrade_command
+from .interpreter import Probe, at_least, probe_versions, trainer_python, upgrade_command
 from .sthead import float8_dtypes
 
 __all__ = ["Report", "doctor", "format_text", "run_doctor"]
@@ -78,7 +78,7 @@ def _demo_flags(command: TrainerCommand) -> frozenset[str] | None:
 
 
 def _interpreter(command: TrainerCommand, env: Mapping[str, str], demo: bool,
-                 probe: Callable[..., envprobe.Probe]) -> tuple[str | None, dict[str, str | None], list[Finding]]:
+                 probe: Callable[..., Probe]) -> tuple[str | None, dict[str, str | None], list[Finding]]:
     first = command.launcher[0]
     found = shutil.which(first, path=env.get("PATH")) if os.sep not in first else first
     if found is None or not os.path.exists(found):
@@ -113,13 +113,13 @@ def _serializer(view: CommandView, python: str | None, versions: dict[str, str |
     out = []
     float8 = [f"--{k}" for k, h in view.models.items() if float8_dtypes(h)]
     fp8 = [f"--{k}" for k in ("fp8_base", "fp8_base_unet") if view.on(k)]
-    if (float8 or fp8) and envprobe.at_least(st, (0, 4, 2)) is False:
+    if (float8 or fp8) and at_least(st, (0, 4, 2)) is False:
         why = f"float8 weights in {', '.join(float8)}" if float8 else f"{fp8[0]}"
         out.append(Finding("blocker", "fp8_serializer", f"{why} with safetensors {st} in {python}: versions "
                            "before 0.4.2 cannot save float8 (KeyError: torch.float8_e4m3fn)",
                            _pip(python, "safetensors>=0.4.2")))
-    if view.value("resume") is not None and acc is not None and envprobe.at_least(acc, (0, 33)) \
-            and envprobe.at_least(st, (0, 4, 3)) is False:
+    if view.value("resume") is not None and acc is not None and at_least(acc, (0, 33)) \
+            and at_least(st, (0, 4, 3)) is False:
         out.append(Finding("blocker", "resume_serializer", f"--resume with accelerate {acc} needs safetensors "
                            f">= 0.4.3, {python} has {st} (load_model() got an unexpected keyword argument "
                            "'device')", _pip(python, "safetensors>=0.4.3")))
@@ -209,7 +209,7 @@ def _gpus(make_probe: Callable[[], gpu.GpuProbe], env: Mapping[str, str]) -> lis
 
 def doctor(argv: list[str], cwd: Path, env: Mapping[str, str], *,
            gpu_probe: Callable[[], gpu.GpuProbe] = gpu.probe,
-           probe: Callable[..., envprobe.Probe] = envprobe.probe_versions) -> Report:
+           probe: Callable[..., Probe] = probe_versions) -> Report:
     """Every finding for this command, as the trainer would be started from ``cwd`` with ``env``."""
     try:
         command = TrainerCommand.parse(list(argv))

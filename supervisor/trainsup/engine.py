@@ -29,15 +29,14 @@ from .faults import Evidence, FaultScanner
 from .fsutil import publish_copy
 from .interpreter import run_upgrade, trainer_python, upgrade_command
 from .journal import Journal
-from .live import LiveInputs
 from .ledger import AttemptRecord, Ledger, StateRecord, label_offset, post_resume_overshoot
+from .live import LiveInputs
 from .matchers import Progress
 from .observe import Observations
-from .plan import LaunchPlan, apply_action
+from .plan import LaunchPlan, apply_action, rung_applies, upgrade_spec
 from .policy import Policy
 from .prepare import UsageError, default_run_dir, prepare
 from .profile import final_weights_name, parse_state_name, state_dir_names, weights_files_for
-from .remedies import Rung
 from .runstate import RunState, check_transition
 from .states import check_state, state_dirs
 from .watch import FileWatcher
@@ -130,7 +129,7 @@ class Supervisor:
                 attempt += 1
                 continue
             decision = decide(self.history, outcome, self.policy, self.clock(),
-                              lambda rung: self._applicable(self.plan, rung))
+                              lambda rung: rung_applies(self.plan, rung))
             record(self.history, outcome, decision, self.clock())
             if decision.kind != "restart":
                 return self._end(decision, attempt)
@@ -358,19 +357,6 @@ class Supervisor:
         return best
 
     # --- remedies --------------------------------------------------------------------------------
-    def _applicable(self, plan: LaunchPlan, rung: Rung) -> bool:
-        """Whether the rung would do anything here (dry run on a copy of the plan)."""
-        trial = plan.copy()
-        for action in rung.actions:
-            if action.kind in ("restart", "upgrade", "stop"):
-                return True
-            try:
-                if apply_action(trial, action) is not None:
-                    return True
-            except (ValueError, OSError):
-                continue
-        return False
-
     def _remedy(self, plan: LaunchPlan, decision: Decision, outcome: Outcome,
                 result: AttemptResult) -> tuple[LaunchPlan, Decision | None]:
         assert decision.rung is not None
@@ -378,9 +364,7 @@ class Supervisor:
         done: list[str] = []
         for action in decision.rung.actions:
             if action.kind == "upgrade":
-                spec = action.name
-                if outcome.evidence and "unexpected keyword argument 'device'" in outcome.evidence:
-                    spec = "safetensors>=0.4.3"  # the resume-side failure needs the later release
+                spec = upgrade_spec(action, outcome.evidence)
                 stop = self._upgrade(new, spec)
                 if stop is not None:
                     return plan, stop

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from . import tomlio
-from .caches import CacheManifest, Subset, set_aside, stale_caches, LATENT_KEYS
+from .caches import LATENT_KEYS, CacheManifest, Subset, set_aside, stale_caches
 from .fsutil import atomic_write_text
 from .journal import Journal
 from .plan import LaunchPlan
 from .policy import Policy, PolicyError, load_policy
-from .prompts import PromptError, parse_prompt_file
 from .profile import RESUME_LOCKED
+from .prompts import PromptError, parse_prompt_file
 from .watch import FileWatcher
 
 Action = Literal["none", "at_checkpoint", "now", "policy"]

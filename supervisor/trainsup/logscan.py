@@ -16,25 +16,109 @@ without ``nan``) is not fed to the scanner.
 
 Line numbers are the ones editors, ``sed -n Np`` and ``grep -n`` give: ``\\n`` starts a line.
 The first root evidence decides the verdict, so reading stops there.
+
+The log may also show the trainer's command line, which a diagnosis can then correct.  kohya's
+scripts do not echo their argv, but what launched them often does: GUIs and wrappers print
+``Running command: ...`` / ``Executing command: ...``, shell transcripts hold the ``accelerate
+launch ...`` or ``python ... train_network.py ...`` line itself, and accelerate's
+``CalledProcessError`` names the child's argv as a Python list.  The first explicit line wins; the
+launcher's list (which lacks ``accelerate launch``) is the fallback.  A candidate counts only when
+``cmdline.TrainerCommand`` finds a training script in it.
 """
 
 from __future__ import annotations
 
+import ast
+import os
+import re
+import shlex
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
 from . import matchers
+from .cmdline import TrainerCommand, find_script
 from .fault_rules import BUILTIN_RULES, FaultRule
 from .faults import Evidence, FaultScanner
 from .linetext import clean_line
-from .logcommand import CommandFinder
 from .splitter import DEFAULT_MAX_LINE, LineSplitter
 
-__all__ = ["CHUNK_SIZE", "LogScan", "scan_log", "terminal_lines"]
+__all__ = ["CHUNK_SIZE", "CommandFinder", "LogScan", "command_from_line", "scan_log", "terminal_lines"]
 
 CHUNK_SIZE = 1 << 20
 _decode = LineSplitter._decode  # errors="replace": garbage bytes never stop a diagnosis
+
+
+# --- the trainer's command line, when the log shows it -----------------------------------
+
+_RUNNING = re.compile(
+    r"\b(?:Running|Executing|Launching|Run|Exec)(?:\s+the)?(?:\s+training)?\s+command\s*[:=]?\s*(?P<cmd>\S.*)$",
+    re.IGNORECASE)
+_SHELL = re.compile(
+    r"^(?:[$#>]\s+)?(?P<cmd>(?:\S*[/\\])?(?:accelerate(?:\.exe)?\s+launch"
+    r"|python(?:\d+(?:\.\d+)?)?(?:\.exe)?)\s.*)$")
+_CALLED = re.compile(r"Command '(?P<list>\[.*?\])' (?:returned non-zero|died with)")
+
+
+def _argv(text: str) -> list[str] | None:
+    """A command given as a shell line or as a Python list literal."""
+    text = text.strip()
+    try:
+        if text.startswith("["):
+            value = ast.literal_eval(text)
+            return [str(v) for v in value] if isinstance(value, list) and value else None
+        argv = shlex.split(text)
+    except (ValueError, SyntaxError):
+        return None
+    return argv or None
+
+
+def _is_trainer(argv: list[str]) -> bool:
+    try:
+        command = TrainerCommand.parse(argv)
+        token = command.launcher[find_script(command.launcher)]
+    except ValueError:
+        return False
+    return "train" in os.path.basename(token.replace("\\", "/")).lower()
+
+
+def command_from_line(text: str) -> tuple[int, list[str]] | None:
+    """``(rank, argv)`` for a line showing a training command (rank 0 explicit, 1 launcher noise)."""
+    line = clean_line(text)
+    m = _CALLED.search(line)
+    if m is not None:
+        argv = _argv(m.group("list"))
+        return (1, argv) if argv is not None and _is_trainer(argv) else None
+    m = _RUNNING.search(line) or _SHELL.match(line)
+    if m is None:
+        return None
+    argv = _argv(m.group("cmd"))
+    return (0, argv) if argv is not None and _is_trainer(argv) else None
+
+
+class CommandFinder:
+    """Collects the best command line offered; ``gate`` keeps the cost off ordinary lines."""
+
+    def __init__(self) -> None:
+        self._best: tuple[int, list[str]] | None = None
+
+    @property
+    def wanted(self) -> bool:
+        """Whether a line could still improve on what was found."""
+        return self._best is None or self._best[0] > 0
+
+    @staticmethod
+    def gate(text: str) -> bool:
+        return "ommand" in text or "launch" in text or "python" in text
+
+    def offer(self, text: str) -> None:
+        found = command_from_line(text)
+        if found is not None and (self._best is None or found[0] < self._best[0]):
+            self._best = found
+
+    @property
+    def command(self) -> list[str] | None:
+        return None if self._best is None else self._best[1]
 
 
 @dataclass(frozen=True)

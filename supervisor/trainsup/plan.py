@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from . import tomlio
-from .fsutil import atomic_write_text
 from .cmdline import TrainerCommand
+from .fsutil import atomic_write_text
 from .profile import ScriptInfo, script_info, takes_value
-from .remedies import Action
+from .remedies import Action, Rung
 
 
 @dataclass
@@ -110,3 +110,24 @@ def apply_action(plan: LaunchPlan, action: Action) -> str | None:
     if action.kind in ("restart", "upgrade", "stop"):
         return action.describe()  # carried out by the engine, not by an edit of the command
     raise ValueError(f"unknown action kind {action.kind!r}")
+
+
+def rung_applies(plan: LaunchPlan, rung: Rung) -> bool:
+    """Whether a remedy rung would do anything for this command (a dry run on a copy of the plan)."""
+    trial = plan.copy()
+    for action in rung.actions:
+        if action.kind in ("restart", "upgrade", "stop"):
+            return True
+        try:
+            if apply_action(trial, action) is not None:
+                return True
+        except (ValueError, OSError):
+            continue
+    return False
+
+
+def upgrade_spec(action: Action, evidence: str | None) -> str:
+    """The package spec an upgrade action installs, given the fault's evidence line."""
+    if evidence and "unexpected keyword argument 'device'" in evidence:
+        return "safetensors>=0.4.3"  # the resume-side failure (load_model) needs the later release
+    return action.name

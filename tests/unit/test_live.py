@@ -34,7 +34,7 @@ def events(run_dir: Path) -> list[dict]:
 
 
 def test_each_launch_gets_frozen_copies(tmp_path: Path) -> None:
-    live, launch, cfg, prompts, run_dir, _ = setup(tmp_path)
+    _live, launch, _cfg, _prompts, run_dir, _ = setup(tmp_path)
     snapshot = Path(launch.command.get("sample_prompts") or "")
     assert snapshot == run_dir / "prompts" / "attempt-1.txt" and snapshot.read_text() == "a cat\n"
     launch.write_derived_config(run_dir, 1)
@@ -42,7 +42,7 @@ def test_each_launch_gets_frozen_copies(tmp_path: Path) -> None:
 
 
 def test_locked_config_keys_are_refused_and_the_old_config_kept(tmp_path: Path) -> None:
-    live, _, cfg, _, run_dir, said = setup(tmp_path)
+    live, _, cfg, _, run_dir, _said = setup(tmp_path)
     cfg.write_text('[network]\nnetwork_dim = 8\n[training]\nlearning_rate = 1e-4\nmixed_precision = "fp16"\n')
     assert live.on_change(cfg, "modified") == "none"
     rejected = [e for e in events(run_dir) if e["event"] == "change_rejected"][-1]
@@ -86,7 +86,7 @@ def test_prompt_edit_is_swapped_live_where_the_trainer_reads_prompts_live(tmp_pa
 
 
 def test_prompt_edit_under_te_caching_waits_for_a_checkpoint_and_a_deletion_only_warns(tmp_path: Path) -> None:
-    live, launch, _, prompts, run_dir, said = setup(tmp_path, extra="--cache_text_encoder_outputs")
+    live, launch, _, prompts, _run_dir, said = setup(tmp_path, extra="--cache_text_encoder_outputs")
     prompts.write_text("a dog\n")
     assert live.on_change(prompts, "modified") == "at_checkpoint"
     assert Path(launch.command.get("sample_prompts") or "").read_text() == "a cat\n"  # untouched until then
