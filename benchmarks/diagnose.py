@@ -7,6 +7,8 @@ interpreter start), the page cache warmed first, and prints the ratio b/a (the i
 
     python benchmarks/diagnose.py [--mb 1024] [--reps 3] [--keep FILE]
 
+``--keep FILE`` writes the log there and keeps it; when FILE already exists it is reused as is.
+
 The log follows what sd-scripts prints for a Flux LoRA run without ``COLUMNS`` set (rich wraps at
 80 columns): a start-up block with accelerate's defaults warning, wrapped INFO records and library
 warnings, a latent-caching bar; then training where tqdm redraws the ``steps`` bar with ``\\r`` twice
@@ -173,13 +175,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=int, default=1024, help="size of the generated log in MiB")
     ap.add_argument("--reps", type=int, default=3, help="timings of each, alternating; medians are compared")
-    ap.add_argument("--keep", type=Path, help="write the log here and keep it")
+    ap.add_argument("--keep", type=Path, help="write the log here and keep it (reused if it exists)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         log = args.keep or Path(tmp) / "train.log"
-        t0 = time.perf_counter()
-        size = write_log(log, args.mb * 1024 * 1024)
-        print(f"wrote {log} ({size / 1e6:.0f} MB) in {time.perf_counter() - t0:.1f}s", flush=True)
+        if log.exists():
+            size = log.stat().st_size
+            print(f"reusing {log} ({size / 1e6:.0f} MB)", flush=True)
+        else:
+            t0 = time.perf_counter()
+            size = write_log(log, args.mb * 1024 * 1024)
+            print(f"wrote {log} ({size / 1e6:.0f} MB) in {time.perf_counter() - t0:.1f}s", flush=True)
         loop = [sys.executable, "-c", f"for line in open({str(log)!r}, 'rb'): pass"]
         diagnose = [sys.executable, "-m", "trainsup.cli", "diagnose", str(log)]
         _timed(loop)  # warm the page cache

@@ -47,26 +47,35 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.verb == "run":
         return _run(args)
-    if args.verb == "diagnose":
-        from .diagnose import run_diagnose
-
-        return run_diagnose(args.logs, as_json=args.json, command=args.command, policy=args.policy,
-                            out=sys.stdout, err=sys.stderr)
-    if args.verb == "doctor":
-        from .doctor import run_doctor
-
-        command = list(args.command)
-        if command and command[0] == "--":
-            command = command[1:]
-        if not command:
-            print("trainsup doctor: error: give the training command after `--`", file=sys.stderr)
-            return 2
-        return run_doctor(command, as_json=args.json, cwd=Path.cwd(), env=dict(os.environ), out=sys.stdout)
+    if args.verb in ("diagnose", "doctor"):
+        try:
+            return _report(args)
+        except BrokenPipeError:
+            # The reader went away (`trainsup diagnose big.log | head`): not an error of ours.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1
     if args.verb == "demo":
         from .demo.story import run_demo
 
         return run_demo(args.keep, args.verbose)
     return 2
+
+
+def _report(args: argparse.Namespace) -> int:
+    if args.verb == "diagnose":
+        from .diagnose import run_diagnose
+
+        return run_diagnose(args.logs, as_json=args.json, command=args.command, policy=args.policy,
+                            out=sys.stdout, err=sys.stderr)
+    from .doctor import run_doctor
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        print("trainsup doctor: error: give the training command after `--`", file=sys.stderr)
+        return 2
+    return run_doctor(command, as_json=args.json, cwd=Path.cwd(), env=dict(os.environ), out=sys.stdout)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -14,25 +14,25 @@ the file; the other files are still classified.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import shlex
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, TextIO
+from typing import TextIO
 
 from . import tomlio
 from .cmdline import TrainerCommand
 from .fault_rules import BUILTIN_RULES, FaultRule, compose_rules
 from .interpreter import trainer_python, upgrade_command
 from .linetext import strip_ansi
-from .logscan import LogScan, find_command_near_end, scan_log
+from .logscan import LogScan, find_command_near_end, scan_file, scan_log
 from .plan import LaunchPlan, apply_action
 from .remedies import NOT_RESTARTABLE, Action, Rung, ladder
 
-__all__ = ["Diagnosis", "diagnose_stream", "plan_remedy", "run_diagnose"]
+__all__ = ["Diagnosis", "diagnose_path", "diagnose_scan", "plan_remedy", "run_diagnose"]
 
 EXIT_OK = 0
 EXIT_UNREADABLE = 2
@@ -160,11 +160,10 @@ def _explanation(fault: str, rules: Sequence[FaultRule]) -> str:
     return _UNKNOWN_WHY if fault == "unknown" else ""
 
 
-def diagnose_stream(name: str, fh: BinaryIO, rules: Sequence[FaultRule] = BUILTIN_RULES,
-                    command: list[str] | None = None, size: int | None = None) -> Diagnosis:
-    """Diagnose one open log.  ``size`` (for seekable files) lets a scan that stopped at its
+def diagnose_scan(name: str, scan: LogScan, rules: Sequence[FaultRule] = BUILTIN_RULES,
+                  command: list[str] | None = None, path: str | None = None) -> Diagnosis:
+    """The diagnosis of one scanned log.  ``path`` (a file) lets a scan that stopped at its
     verdict still look for the command line in the log's last lines."""
-    scan: LogScan = scan_log(fh, rules)
     diagnosis = Diagnosis(name, success=scan.success)
     verdict = scan.verdict
     if verdict is not None:
@@ -176,8 +175,9 @@ def diagnose_stream(name: str, fh: BinaryIO, rules: Sequence[FaultRule] = BUILTI
         return diagnosis
     diagnosis.explanation = _explanation(diagnosis.fault, rules)
     argv, source = (command, "--command") if command is not None else (scan.command, "log")
-    if argv is None and scan.stopped_early and size is not None:
-        argv = find_command_near_end(fh, size)
+    if argv is None and scan.stopped_early and path is not None:
+        with contextlib.suppress(OSError):
+            argv = find_command_near_end(path)
     plan = None
     if argv is not None:
         try:
@@ -208,9 +208,8 @@ def diagnose_stream(name: str, fh: BinaryIO, rules: Sequence[FaultRule] = BUILTI
 def diagnose_path(path: str, rules: Sequence[FaultRule], command: list[str] | None) -> Diagnosis:
     """Diagnose a file, or stdin for ``-``.  Raises OSError when the input cannot be read."""
     if path == "-":
-        return diagnose_stream("-", sys.stdin.buffer, rules, command)
-    with open(path, "rb", buffering=0) as fh:
-        return diagnose_stream(path, fh, rules, command, os.fstat(fh.fileno()).st_size)
+        return diagnose_scan("-", scan_log(sys.stdin.buffer, rules), rules, command)
+    return diagnose_scan(path, scan_file(path, rules), rules, command, path)
 
 
 def format_text(d: Diagnosis) -> str:

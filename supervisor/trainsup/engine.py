@@ -29,18 +29,17 @@ from .faults import Evidence, FaultScanner
 from .fsutil import publish_copy
 from .interpreter import run_upgrade, trainer_python, upgrade_command
 from .journal import Journal
-from .ledger import AttemptRecord, Ledger, StateRecord, label_offset, post_resume_overshoot
+from .ledger import Ledger, StateRecord
 from .live import LiveInputs
 from .matchers import Progress
 from .observe import Observations
 from .plan import LaunchPlan, apply_action, rung_applies, upgrade_spec
 from .policy import Policy
 from .prepare import UsageError, default_run_dir, prepare
-from .profile import final_weights_name, parse_state_name, state_dir_names, weights_files_for
+from .profile import final_weights_name
+from .resume_points import ResumePoints
 from .runstate import RunState, check_transition
-from .states import check_state, state_dirs
 from .watch import FileWatcher
-from .weights import has_non_finite
 
 CHILD_ENV_DEFAULTS = {"COLUMNS": "250", "PYTHONUNBUFFERED": "1"}
 STATUS_INTERVAL_S = 0.25
@@ -97,16 +96,20 @@ class Supervisor:
         self.journal = Journal(self.run_dir)
         self.ledger = Ledger(self.run_dir / "ledger.json")
         self.history = History()
-        self.run_started_wall = time.time()
+        self.nan_abs_step: int | None = None
+        self.points = ResumePoints(self.ledger, p.output_dir or self.spec.cwd,
+                                   p.plan.value("mixed_precision") == "fp16", self.journal, self.say)
         first = 1 + sum(1 for _ in self.run_dir.glob("attempt-*.log"))
         self.journal.event("run_start", argv=list(self.spec.argv), run_dir=str(self.run_dir),
                            policy=self.policy.source)
         for note in p.notes:
             self.say(note)
             self.journal.event("plan_adjusted", note=note)
-        if p.user_resume is not None and not self._adopt_user_resume(p.user_resume):
-            return self._end(Decision("stop", EXIT_STOPPED, f"config_error: --resume {p.user_resume} "
-                                      "is not a complete state"))
+        if p.user_resume is not None:
+            problem = self.points.adopt(p.user_resume)
+            if problem:
+                return self._end(Decision("stop", EXIT_STOPPED, f"config_error: --resume {p.user_resume} "
+                                          f"is not a complete state: {problem}"))
         self.plan = p.plan
         self.live = LiveInputs(self.plan, self.spec.cwd, self.run_dir, self.policy, self.spec.policy_path,
                                self.journal, self.say)
@@ -117,7 +120,7 @@ class Supervisor:
         self.watcher.start()
         attempt = first
         while True:
-            resume = self._newest_state()
+            resume = self.points.newest(self.nan_abs_step)
             result, launch = self._launch(attempt, self.plan, resume)
             if result is None:
                 return self._end(launch)  # could not start at all
@@ -152,7 +155,7 @@ class Supervisor:
         cmd = launch.command
         # The user's own output name is safe only for a fresh start that nothing of this run has
         # written under yet; a resumed attempt's labels are wrong and would overwrite earlier files.
-        own_name = resume is None and p.user_resume is None and not self._wrote_under(p.output_name)
+        own_name = resume is None and p.user_resume is None and not self.points.wrote_under(p.output_name)
         output_name = p.output_name if own_name else f"{p.output_name or 'last'}-trainsup{attempt}"
         if output_name is not None and not own_name:
             cmd.set("output_name", output_name)
@@ -166,15 +169,12 @@ class Supervisor:
         self.live.before_launch(attempt, launch)
         launch.write_derived_config(self.run_dir, attempt)
         resume_step = resume.step if resume else 0
-        self.ledger.attempts.append(AttemptRecord(attempt, output_name, resume_step,
-                                                  0 if resume is None else None))
-        self.ledger.save()
+        self.points.begin(attempt, output_name, resume_step)
         argv = cmd.argv()
         env = merged_env(dict(self.spec.env), {k: v for k, v in CHILD_ENV_DEFAULTS.items()
                                          if k not in self.spec.env})
         env.update(launch.env)
-        self.attempt_no, self.attempt_started_wall, self.resume_step = attempt, time.time(), resume_step
-        self.attempt_output_name = output_name
+        self.attempt_no, self.resume_step = attempt, resume_step
         self.journal.event("attempt_start", attempt=attempt, argv=argv,
                            resume_from=resume.dir if resume else None, resume_step=resume_step,
                            env=launch.env)
@@ -185,7 +185,7 @@ class Supervisor:
         self._transition(RunState.RUNNING)
         hooks = AttemptHooks(self._on_state_done, self._on_progress, self._on_evidence, self._on_summary,
                              self._on_file_changed,
-                             lambda fault: fault in self._live, self._final_written)
+                             lambda fault: fault in self._live, self.points.final_written)
         try:
             result = run_attempt(argv, env, self.spec.cwd, self.run_dir / f"attempt-{attempt}.log",
                                  FaultScanner(self.rules), self.events, hooks, self.policy.stop_grace_s,
@@ -195,36 +195,14 @@ class Supervisor:
             return None, Decision("stop", EXIT_STOPPED, f"config_error: {exc}")
         return result, Decision("restart")
 
-    def _wrote_under(self, output_name: str | None) -> bool:
-        """Whether this run already wrote weights or states under that output name."""
-        weights = weights_files_for(output_name)
-        names = set(state_dir_names(output_name)[:2]) | {state_dir_names(output_name)[2][: -len("-state")]}
-        try:
-            entries = list(self._output_dir().iterdir())
-        except OSError:
-            return False
-        for entry in entries:
-            parsed = parse_state_name(entry.name)
-            ours = weights.match(entry.name) or (parsed is not None and parsed[0] in names)
-            try:
-                if ours and entry.stat().st_mtime >= self.run_started_wall:
-                    return True
-            except OSError:
-                continue
-        return False
-
     def _outcome(self, attempt: int, r: AttemptResult, resume: StateRecord | None) -> Outcome:
-        self._collect_states(attempt, r.obs)
-        saving = r.obs.saving_state_label
-        if r.fault == "fp8_serializer" and saving is not None:
-            # The save that raised left a partial state: it must never be resumed from.
-            step_name = state_dir_names(self.attempt_output_name)[0]
-            bad = self._output_dir() / f"{step_name}-step{saving:08d}-state"
-            self.ledger.mark_bad(bad)
-        trained = r.obs.progress.step if r.obs.progress else 0
+        self._on_summary(r.obs)
+        self.points.collect()
+        if r.fault == "fp8_serializer" and r.obs.saving_state_label is not None:
+            self.points.mark_failed_save(r.obs.saving_state_label)
         # The bar may lag its last redraw; a state this attempt saved proves how far it got.
-        saved = [s.step for s in self.ledger.states if s.attempt == attempt]
-        trained = max([trained] + [step - self.resume_step for step in saved])
+        trained = max(r.obs.progress.step if r.obs.progress else 0, self.points.steps_proven())
+        self.journal.status(step=self.resume_step + trained)  # progress snapshots are throttled
         self.nan_abs_step = None if r.nan_progress_step is None else self.resume_step + r.nan_progress_step
         ev = r.evidence
         self.journal.event("attempt_end", attempt=attempt, exit_code=r.exit_code, signal=r.signal,
@@ -236,7 +214,7 @@ class Supervisor:
                                line=ev.lineno if ev else None, attempt=attempt)
             self.say(f"fault={r.fault} attempt={attempt} evidence={ev.line.strip()[:200] if ev else None!r}")
             self.journal.status(last_fault=r.fault)
-        saved_new = any(s.attempt == attempt for s in self.ledger.states)
+        saved_new = self.points.steps_proven() > 0
         return Outcome(attempt, r.exit_code, r.signal, r.obs.child_status, r.obs.child_signal, r.uptime_s,
                        r.fault, ev.line if ev else None, ev.lineno if ev else None, trained, saved_new,
                        self.clock(), r.stop_signal)
@@ -258,13 +236,7 @@ class Supervisor:
 
     def _on_summary(self, obs: Observations) -> None:
         """The trainer's start-up summary: fix this attempt's step offset, warn of kohya's overshoot."""
-        rec = self.ledger.attempt(self.attempt_no)
-        if rec.offset is not None or not obs.batches_per_epoch:
-            return
-        ga = obs.grad_accum or 1
-        rec.offset = label_offset(rec.resume_step, True, obs.batches_per_epoch, ga)
-        self.ledger.save()
-        extra = post_resume_overshoot(rec.resume_step, self.prepared.max_train_steps, obs.batches_per_epoch, ga)
+        extra = self.points.summary(obs, self.prepared.max_train_steps)
         if extra:
             self.journal.event("warning", attempt=self.attempt_no, extra_steps=extra,
                                message="kohya will train past --max_train_steps after this resume")
@@ -273,7 +245,8 @@ class Supervisor:
 
     def _on_state_done(self, path: str | None, obs: Observations) -> None:
         only = Path(path) if path and Path(path).is_dir() else None  # no path: look at them all
-        new = self._collect_states(self.attempt_no, obs, only=only)
+        self._on_summary(obs)
+        new = self.points.collect(only)
         if self.stop_at_checkpoint and new:
             self.stop_at_checkpoint = False
             self.say(f"checkpoint {new[-1].dir} is complete: restarting from it to apply the scheduled change")
@@ -290,71 +263,6 @@ class Supervisor:
             self.events.put(("stop_for_change", None))
         elif action == "at_checkpoint":
             self.stop_at_checkpoint = True
-
-    def _final_written(self) -> bool:
-        return self._written_this_attempt(self._output_dir() / final_weights_name(self.attempt_output_name))
-
-    # --- states and the ledger -------------------------------------------------------------------
-    def _output_dir(self) -> Path:
-        return self.prepared.output_dir or self.spec.cwd
-
-    def _collect_states(self, attempt: int, obs: Observations, only: Path | None = None) -> list[StateRecord]:
-        """Enter this attempt's complete states in the ledger (disk is the truth, lines are hints)."""
-        recorded: list[StateRecord] = []
-        rec = self.ledger.attempt(attempt)
-        if rec.offset is None:
-            self._on_summary(obs)
-        names = set(state_dir_names(rec.output_name)[:2]) | {state_dir_names(rec.output_name)[2][:-6]}
-        candidates = [only] if only is not None else state_dirs(self._output_dir(), names)
-        for path in candidates:
-            parsed = parse_state_name(path.name)
-            if parsed is None or parsed[0] not in names or self.ledger.step_of(path) is not None:
-                continue
-            if not self._written_this_attempt(path / "random_states_0.pkl"):
-                continue  # a state of an earlier run under the same name: not this attempt's to claim
-            check = check_state(path, need_scaler=self.prepared.plan.command.get("mixed_precision") == "fp16")
-            if not check.ok or check.label_step is None:
-                continue
-            state = self.ledger.record_state(path, attempt, check.label_step)
-            if state is not None:
-                recorded.append(state)
-                self.journal.event("state_saved", dir=state.dir, step=state.step, label=state.label,
-                                   attempt=attempt)
-                self.say(f"state_saved step={state.step} dir={state.dir}")
-        return recorded
-
-    def _written_this_attempt(self, path: Path) -> bool:
-        try:
-            # whole seconds: some file systems keep coarse mtimes
-            return path.stat().st_mtime >= int(self.attempt_started_wall)
-        except OSError:
-            return False
-
-    def _adopt_user_resume(self, path: Path) -> bool:
-        check = check_state(path)
-        if not check.ok or check.label_step is None:
-            self.say(f"error: --resume {path}: {check.reason}")
-            return False
-        self.ledger.states.append(StateRecord(str(path), check.label_step, 0, check.label_step))
-        self.journal.event("state_adopted", dir=str(path), step=check.label_step)
-        return True
-
-    def _newest_state(self) -> StateRecord | None:
-        limit = getattr(self, "nan_abs_step", None)
-        best: StateRecord | None = None
-        for state in self.ledger.states:
-            if state.dir in self.ledger.bad_states or (limit is not None and state.step >= limit):
-                continue
-            if best is not None and (state.step, state.attempt) <= (best.step, best.attempt):
-                continue
-            path = Path(state.dir)
-            if not check_state(path).ok:
-                continue
-            if limit is not None and has_non_finite(path / "model.safetensors"):
-                self.ledger.mark_bad(path)
-                continue
-            best = state
-        return best
 
     # --- remedies --------------------------------------------------------------------------------
     def _remedy(self, plan: LaunchPlan, decision: Decision, outcome: Outcome,
@@ -432,8 +340,8 @@ class Supervisor:
     def _publish_final(self) -> str | None:
         """Put the final weights where the user's command says, when a renamed attempt wrote them."""
         p = self.prepared
-        want = self._output_dir() / final_weights_name(p.output_name)
-        got = self._output_dir() / final_weights_name(self.attempt_output_name)
+        want = self.points.output_dir / final_weights_name(p.output_name)
+        got = self.points.output_dir / final_weights_name(self.points.output_name)
         if got != want and got.exists():
             publish_copy(got, want)
             self.journal.event("final_published", src=str(got), dst=str(want))

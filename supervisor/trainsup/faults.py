@@ -141,7 +141,9 @@ class FaultScanner:
         if not hit and "%|" not in text:
             # The common case, an ordinary line holding no key: it can only complete
             # a message that rich wrapped, begun by the rows before it.
-            if rows and (self._key_row >= rows[0][2] or index.boundary_hit(rows[-1][0], text)):
+            # (a key can straddle two rows only where rich folded a word: checked inline first)
+            if rows and (self._key_row >= rows[0][2]
+                         or (_folded(rows[-1][0]) and index.boundary_hit(rows[-1][0], text))):
                 found = self._scan_joined(text, raw_line, lineno)
                 if found is not None:
                     rows.clear()

@@ -29,11 +29,14 @@ launcher's list (which lacks ``accelerate launch``) is the fallback.  A candidat
 from __future__ import annotations
 
 import ast
+import contextlib
+import multiprocessing
 import os
 import re
 import shlex
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from typing import BinaryIO
 
 from . import matchers
@@ -43,9 +46,11 @@ from .faults import Evidence, FaultScanner
 from .linetext import clean_line
 from .splitter import DEFAULT_MAX_LINE, LineSplitter
 
-__all__ = ["CHUNK_SIZE", "CommandFinder", "LogScan", "command_from_line", "scan_log", "terminal_lines"]
+__all__ = ["CHUNK_SIZE", "PARALLEL_MIN", "CommandFinder", "LogScan", "command_from_line", "find_command_near_end",
+           "scan_file", "scan_log", "terminal_lines"]
 
 CHUNK_SIZE = 1 << 20
+PARALLEL_MIN = 64 << 20  # below this a second process costs more than it saves
 _decode = LineSplitter._decode  # errors="replace": garbage bytes never stop a diagnosis
 
 
@@ -133,31 +138,22 @@ class LogScan:
     command: list[str] | None  # the trainer's command line, when the log shows it
 
 
-def terminal_lines(fh: BinaryIO, max_line: int = DEFAULT_MAX_LINE,
-                   chunk_size: int = CHUNK_SIZE) -> Iterator[tuple[int, bytes]]:
-    """``(line number, text)`` of every non-empty line as a terminal shows it (see the module doc)."""
+def _batches(fh: BinaryIO, max_line: int, chunk_size: int) -> Iterator[list[bytes]]:
+    """The file's lines, a chunk's worth at a time, without their ending (``\\r`` redraws kept)."""
     sep = b"\n"
-    lineno = 0
     tail = b""
     first = True
     while chunk := fh.read(chunk_size):
         if first:
             first = False
             if b"\n" not in chunk and b"\r" in chunk:
-                sep = b"\r"  # \r-terminated lines: no redraws to collapse
+                sep = b"\r"  # \r-terminated lines: nothing to collapse
         data = tail + chunk if tail else chunk
         pieces = data.split(sep)
         tail = _squeeze(pieces.pop(), max_line)
-        for piece in pieces:
-            lineno += 1
-            if b"\r" in piece:
-                piece = _final_redraw(piece)
-            if piece:
-                yield lineno, piece if len(piece) <= max_line else piece[:max_line]
+        yield pieces
     if tail:
-        piece = _final_redraw(tail) if b"\r" in tail else tail
-        if piece:
-            yield lineno + 1, piece[:max_line]
+        yield [tail]
 
 
 def _final_redraw(line: bytes) -> bytes:
@@ -178,46 +174,192 @@ def _squeeze(rest: bytes, max_line: int) -> bytes:
     return final + rest[len(body):len(body) + 1]
 
 
+def terminal_lines(fh: BinaryIO, max_line: int = DEFAULT_MAX_LINE,
+                   chunk_size: int = CHUNK_SIZE) -> Iterator[tuple[int, bytes]]:
+    """``(line number, text)`` of every non-empty line as a terminal shows it (see the module doc)."""
+    lineno = 0
+    for batch in _batches(fh, max_line, chunk_size):
+        for piece in batch:
+            lineno += 1
+            if b"\r" in piece:
+                piece = _final_redraw(piece)
+            if piece:
+                yield lineno, piece if len(piece) <= max_line else piece[:max_line]
+
+
+class _Selector:
+    """Picks the lines worth feeding to the scanner, and notes the signs read around them."""
+
+    def __init__(self, max_line: int) -> None:
+        self.max_line = max_line
+        self.lineno = 0
+        self.last_traceback = self.last_progress = self.last_success = 0
+        self.finder = CommandFinder()
+
+    def select(self, batch: list[bytes]) -> list[tuple[int, str]]:
+        out = []
+        lineno = self.lineno
+        finder = self.finder
+        for raw in batch:
+            lineno += 1
+            if b"\r" in raw:
+                raw = _final_redraw(raw)
+            if not raw:
+                continue
+            if b"steps:" in raw:
+                self.last_progress = lineno
+                if raw.endswith(b"]") and b"nan" not in raw:
+                    continue  # a plain bar redraw carries no fault evidence (as in the live supervisor)
+            if len(raw) > self.max_line:
+                raw = raw[:self.max_line]
+            text = raw.decode("utf-8", "replace")  # as LineSplitter decodes: garbage never stops us
+            if b"Traceback" in raw:
+                self.last_traceback = lineno
+            elif b"model saved." in raw and matchers.is_success(clean_line(text)):
+                self.last_success = lineno
+            if ("ommand" in text or "launch" in text or "python" in text) and finder.wanted:
+                finder.offer(text)  # (the test is CommandFinder.gate, spelled out: it runs on every line)
+            out.append((lineno, text))
+        self.lineno = lineno
+        return out
+
+
+@dataclass
+class _Signs:
+    """What the selector noted besides the lines: where the last traceback, progress bar and
+    success marker were, and the command line."""
+
+    lineno: int = 0
+    last_traceback: int = 0
+    last_progress: int = 0
+    last_success: int = 0
+    command: list[str] | None = None
+
+    @classmethod
+    def of(cls, selector: _Selector) -> _Signs:
+        return cls(selector.lineno, selector.last_traceback, selector.last_progress, selector.last_success,
+                   selector.finder.command)
+
+
+class _Verdict:
+    """The scanner side: feeds selected lines until the first root evidence."""
+
+    def __init__(self, rules: Sequence[FaultRule]) -> None:
+        self.scanner = FaultScanner(rules)
+        self.stopped_at: int | None = None
+
+    def feed(self, lines: list[tuple[int, str]]) -> bool:
+        """Feed lines; True once the verdict is final (the first root evidence: nothing later
+        can change it, so reading stops there)."""
+        feed, scanner = self.scanner.feed, self.scanner
+        for lineno, text in lines:
+            if feed(text, lineno) is not None:
+                verdict = scanner.verdict
+                if verdict is not None and verdict.strength == "root":
+                    self.stopped_at = lineno
+                    return True
+        return False
+
+    def result(self, signs: _Signs) -> LogScan:
+        status = self.scanner.child_status
+        launcher_failed = status is not None and (status[1] is not None or status[0] not in (None, 0))
+        failed = launcher_failed or signs.last_traceback > max(signs.last_progress, signs.last_success)
+        return LogScan(self.scanner.verdict, self.stopped_at or signs.lineno, self.stopped_at is not None,
+                       failed, signs.last_success > 0 and not failed, signs.command)
+
+
 def scan_log(fh: BinaryIO, rules: Sequence[FaultRule] = BUILTIN_RULES,
              chunk_size: int = CHUNK_SIZE) -> LogScan:
     """Classify one log with the live scanner; see the module doc for what is read."""
-    scanner = FaultScanner(rules)
-    feed = scanner.feed
-    finder = CommandFinder()
-    lineno = 0
-    last_traceback = last_progress = last_success = 0
-    stopped = False
-    for lineno, raw in terminal_lines(fh, chunk_size=chunk_size):
-        if b"steps:" in raw:
-            last_progress = lineno
-            if raw.endswith(b"]") and b"nan" not in raw:
-                continue  # a plain bar redraw carries no fault evidence (as in the live supervisor)
-        text = _decode(raw)
-        if b"Traceback" in raw:
-            last_traceback = lineno
-        elif b"model saved." in raw and matchers.is_success(clean_line(text)):
-            last_success = lineno
-        if finder.wanted and finder.gate(text):
-            finder.offer(text)
-        if feed(text, lineno) is not None:
-            verdict = scanner.verdict
-            if verdict is not None and verdict.strength == "root":
-                stopped = True  # the first root evidence is final: nothing later can change it
+    verdict = _Verdict(rules)
+    selector = _Selector(DEFAULT_MAX_LINE)
+    for batch in _batches(fh, DEFAULT_MAX_LINE, chunk_size):
+        if verdict.feed(selector.select(batch)):
+            break
+    return verdict.result(_Signs.of(selector))
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def scan_file(path: str, rules: Sequence[FaultRule] = BUILTIN_RULES, chunk_size: int = CHUNK_SIZE,
+              parallel: bool | None = None) -> LogScan:
+    """``scan_log`` on a file by name.  A big file (``PARALLEL_MIN`` bytes and up, with a second
+    CPU) is read and pre-selected by a second process while this one scans, in the same order:
+    the verdict is the same, it only comes sooner.  Raises OSError when the file cannot be read."""
+    size = os.stat(path).st_size
+    if parallel is None:
+        parallel = size >= PARALLEL_MIN and _usable_cpus() >= 2
+    if not parallel:
+        with open(path, "rb", buffering=0) as fh:
+            return scan_log(fh, rules, chunk_size)
+    with open(path, "rb"):
+        pass  # fail here, in this process, when it cannot be opened
+    ctx = multiprocessing.get_context()
+    receive, send = ctx.Pipe(duplex=False)
+    reader = ctx.Process(target=_select_file, args=(path, send, chunk_size), daemon=True,
+                         name="trainsup-diagnose-reader")
+    reader.start()
+    send.close()
+    verdict = _Verdict(rules)
+    signs = _Signs()
+    try:
+        while True:
+            try:
+                kind, payload = receive.recv()
+            except EOFError:
+                raise OSError(f"{path}: the reader process ended unexpectedly") from None
+            if kind == "lines":
+                if verdict.feed(payload):
+                    break
+            elif kind == "command":
+                signs.command = payload
+            elif kind == "end":
+                lineno, last_traceback, last_progress, last_success = payload
+                signs = _Signs(lineno, last_traceback, last_progress, last_success, signs.command)
                 break
-    status = scanner.child_status
-    launcher_failed = status is not None and (status[1] is not None or status[0] not in (None, 0))
-    failed = launcher_failed or last_traceback > max(last_progress, last_success)
-    return LogScan(scanner.verdict, lineno, stopped, failed, last_success > 0 and not failed,
-                   finder.command)
+            else:
+                raise OSError(payload)
+    finally:
+        receive.close()
+        if reader.is_alive():
+            reader.terminate()  # stopped early: the rest of the file is not needed
+        reader.join()
+    return verdict.result(signs)
 
 
-def find_command_near_end(fh: BinaryIO, size: int, window: int = 256 * 1024) -> list[str] | None:
-    """The command line shown in the last ``window`` bytes of a seekable log (launcher noise
-    such as accelerate's ``CalledProcessError`` names the trainer's command)."""
-    fh.seek(max(0, size - window))
+def _select_file(path: str, send: Connection, chunk_size: int) -> None:
+    """The reader process: batches of selected lines, then the signs, through ``send``."""
+    selector = _Selector(DEFAULT_MAX_LINE)
+    command = None
+    try:
+        with open(path, "rb", buffering=0) as fh:
+            for batch in _batches(fh, DEFAULT_MAX_LINE, chunk_size):
+                send.send(("lines", selector.select(batch)))
+                if selector.finder.command is not command:
+                    command = selector.finder.command
+                    send.send(("command", command))
+        send.send(("end", (selector.lineno, selector.last_traceback, selector.last_progress,
+                           selector.last_success)))
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            send.send(("error", f"{path}: {exc.strerror or exc}"))
+    finally:
+        send.close()
+
+
+def find_command_near_end(path: str, window: int = 256 * 1024) -> list[str] | None:
+    """The command line shown in the last ``window`` bytes of a log file (launcher noise such
+    as accelerate's ``CalledProcessError`` names the trainer's command)."""
     finder = CommandFinder()
-    for _, raw in terminal_lines(fh):
-        text = _decode(raw)
-        if finder.gate(text):
-            finder.offer(text)
+    with open(path, "rb") as fh:
+        fh.seek(max(0, os.fstat(fh.fileno()).st_size - window))
+        for _, raw in terminal_lines(fh):
+            text = _decode(raw)
+            if finder.gate(text):
+                finder.offer(text)
     return finder.command

@@ -1,0 +1,138 @@
+"""Owns the run's resume points: which saved states belong to which attempt, and which one is safe.
+
+An attempt claims only the complete states it wrote itself (validated, and newer than its launch,
+so a same-named state of an earlier run is never mistaken for one of ours), maps their kohya
+labels to absolute steps through the ledger, and names itself so it cannot overwrite what an
+earlier attempt wrote. Choosing where to resume skips bad (half-saved) states and, after a NaN, any
+state from the NaN step on or whose weights are not finite.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from .journal import Journal
+from .ledger import AttemptRecord, Ledger, StateRecord, label_offset, post_resume_overshoot
+from .observe import Observations
+from .profile import final_weights_name, parse_state_name, state_dir_names, weights_files_for
+from .states import check_state, state_dirs
+from .weights import has_non_finite
+
+
+def _names(output_name: str | None) -> set[str]:
+    step, epoch, final = state_dir_names(output_name)
+    return {step, epoch, final[: -len("-state")]}
+
+
+class ResumePoints:
+    def __init__(self, ledger: Ledger, output_dir: Path, need_scaler: bool, journal: Journal,
+                 say: Callable[[str], None]) -> None:
+        self.ledger, self.output_dir, self.need_scaler = ledger, output_dir, need_scaler
+        self.journal, self.say = journal, say
+        self.run_started = time.time()
+        self.attempt = 0
+        self.attempt_started = self.run_started
+        self.output_name: str | None = None
+        self.resume_step = 0
+
+    # --- one attempt -----------------------------------------------------------------------------
+    def begin(self, attempt: int, output_name: str | None, resume_step: int) -> None:
+        self.attempt, self.output_name, self.resume_step = attempt, output_name, resume_step
+        self.attempt_started = time.time()
+        self.ledger.attempts.append(AttemptRecord(attempt, output_name, resume_step, 0 if resume_step == 0 else None))
+        self.ledger.save()
+
+    def summary(self, obs: Observations, max_train_steps: int) -> int:
+        """Fix the attempt's label offset from the start-up summary; return kohya's overshoot."""
+        rec = self.ledger.attempt(self.attempt)
+        if rec.offset is not None or not obs.batches_per_epoch:
+            return 0
+        ga = obs.grad_accum or 1
+        rec.offset = label_offset(rec.resume_step, True, obs.batches_per_epoch, ga)
+        self.ledger.save()
+        return post_resume_overshoot(rec.resume_step, max_train_steps, obs.batches_per_epoch, ga)
+
+    def written_this_attempt(self, path: Path) -> bool:
+        try:
+            # whole seconds: some file systems keep coarse mtimes
+            return path.stat().st_mtime >= int(self.attempt_started)
+        except OSError:
+            return False
+
+    def final_written(self) -> bool:
+        return self.written_this_attempt(self.output_dir / final_weights_name(self.output_name))
+
+    def collect(self, only: Path | None = None) -> list[StateRecord]:
+        """Enter this attempt's complete states in the ledger (disk is the truth, lines are hints)."""
+        names = _names(self.output_name)
+        recorded: list[StateRecord] = []
+        for path in [only] if only is not None else state_dirs(self.output_dir, names):
+            parsed = parse_state_name(path.name)
+            if parsed is None or parsed[0] not in names or self.ledger.step_of(path) is not None:
+                continue
+            if not self.written_this_attempt(path / "random_states_0.pkl"):
+                continue  # a state of an earlier run under the same name: not this attempt's to claim
+            check = check_state(path, need_scaler=self.need_scaler)
+            if not check.ok or check.label_step is None:
+                continue
+            state = self.ledger.record_state(path, self.attempt, check.label_step)
+            if state is not None:
+                recorded.append(state)
+                self.journal.event("state_saved", dir=state.dir, step=state.step, label=state.label,
+                                   attempt=self.attempt)
+                self.say(f"state_saved step={state.step} dir={state.dir}")
+        return recorded
+
+    def steps_proven(self) -> int:
+        """Steps this attempt trained, as its saved states prove them."""
+        return max([0] + [s.step - self.resume_step for s in self.ledger.states if s.attempt == self.attempt])
+
+    def mark_failed_save(self, label: int) -> None:
+        """The state save at this label raised half-way: never resume from what it left."""
+        step_name = state_dir_names(self.output_name)[0]
+        self.ledger.mark_bad(self.output_dir / f"{step_name}-step{label:08d}-state")
+
+    # --- across attempts -------------------------------------------------------------------------
+    def wrote_under(self, output_name: str | None) -> bool:
+        """Whether this run already wrote weights or states under that output name."""
+        weights, names = weights_files_for(output_name), _names(output_name)
+        try:
+            entries = list(self.output_dir.iterdir())
+        except OSError:
+            return False
+        for entry in entries:
+            parsed = parse_state_name(entry.name)
+            ours = weights.match(entry.name) or (parsed is not None and parsed[0] in names)
+            try:
+                if ours and entry.stat().st_mtime >= self.run_started:
+                    return True
+            except OSError:
+                continue
+        return False
+
+    def adopt(self, path: Path) -> str:
+        """Take the user's own ``--resume`` state as a resume point; '' or why it cannot be."""
+        check = check_state(path)
+        if not check.ok or check.label_step is None:
+            return check.reason
+        self.ledger.states.append(StateRecord(str(path), check.label_step, 0, check.label_step))
+        self.journal.event("state_adopted", dir=str(path), step=check.label_step)
+        return ""
+
+    def newest(self, nan_step: int | None = None) -> StateRecord | None:
+        best: StateRecord | None = None
+        for state in self.ledger.states:
+            if state.dir in self.ledger.bad_states or (nan_step is not None and state.step >= nan_step):
+                continue
+            if best is not None and (state.step, state.attempt) <= (best.step, best.attempt):
+                continue
+            path = Path(state.dir)
+            if not check_state(path).ok:
+                continue
+            if nan_step is not None and has_non_finite(path / "model.safetensors"):
+                self.ledger.mark_bad(path)
+                continue
+            best = state
+        return best
