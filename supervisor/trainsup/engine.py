@@ -9,6 +9,7 @@ where the user's command puts them.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import math
 import os
@@ -166,8 +167,14 @@ class Supervisor:
         else:
             cmd.remove("resume")
             cmd.remove("initial_step")
-        self.live.before_launch(attempt, launch)
-        launch.write_derived_config(self.run_dir, attempt)
+        try:
+            self.live.before_launch(attempt, launch)
+            launch.write_derived_config(self.run_dir, attempt)
+        except OSError as exc:
+            # Never launch without the frozen copies; nothing of the user's has been touched.
+            fault = "disk_full" if exc.errno == errno.ENOSPC else "config_error"
+            return None, Decision("stop", EXIT_STOPPED, f"{fault}: cannot write this launch's files in "
+                                  f"{self.run_dir}: {exc.strerror or exc}")
         resume_step = resume.step if resume else 0
         self.points.begin(attempt, output_name, resume_step)
         argv = cmd.argv()

@@ -50,6 +50,7 @@ __all__ = ["CHUNK_SIZE", "PARALLEL_MIN", "CommandFinder", "LogScan", "command_fr
            "scan_file", "scan_log", "terminal_lines"]
 
 CHUNK_SIZE = 1 << 20
+_DETECT = 1 << 20  # a file whose first MiB has \r but no \n ends its lines with \r
 PARALLEL_MIN = 64 << 20  # below this a second process costs more than it saves
 _decode = LineSplitter._decode  # errors="replace": garbage bytes never stop a diagnosis
 
@@ -140,14 +141,22 @@ class LogScan:
 
 def _batches(fh: BinaryIO, max_line: int, chunk_size: int) -> Iterator[list[bytes]]:
     """The file's lines, a chunk's worth at a time, without their ending (``\\r`` redraws kept)."""
-    sep = b"\n"
+    sep = b""  # not known until a \n or the first MiB has been seen
+    pending = b""
     tail = b""
-    first = True
-    while chunk := fh.read(chunk_size):
-        if first:
-            first = False
-            if b"\n" not in chunk and b"\r" in chunk:
-                sep = b"\r"  # \r-terminated lines: nothing to collapse
+    while True:
+        chunk = fh.read(chunk_size)
+        if not sep:
+            pending += chunk
+            if b"\n" in pending or (chunk and len(pending) < _DETECT):
+                sep = b"\n" if b"\n" in pending else b""
+                if not sep:
+                    continue
+            else:
+                sep = b"\r" if b"\r" in pending else b"\n"  # \r-terminated lines: nothing to collapse
+            chunk, pending = pending, b""
+        if not chunk:
+            break
         data = tail + chunk if tail else chunk
         pieces = data.split(sep)
         tail = _squeeze(pieces.pop(), max_line)

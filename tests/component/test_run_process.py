@@ -118,3 +118,19 @@ def test_missing_program_stops_with_exit_4(tmp_path: Path) -> None:
                      cwd=ROOT)
     assert r.returncode == 4, r.stderr
     assert "no such program" in r.stderr
+
+
+def test_a_full_disk_for_the_run_dir_stops_cleanly_and_touches_nothing_of_the_users(tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a cat\n")
+    run_dir = tmp_path / "run"
+    (run_dir / "prompts").mkdir(parents=True)
+    # Writes to /dev/full fail with ENOSPC, exactly like a full disk.
+    (run_dir / "prompts" / "attempt-1.txt").symlink_to("/dev/full")
+    r = run_trainsup(["run", "--quiet", "--run-dir", str(run_dir), "--", sys.executable, CHILD, "ok",
+                      "--output_dir", str(tmp_path / "out"), "--sample_prompts", str(prompts)], cwd=ROOT)
+    assert r.returncode == 4, r.stderr
+    assert "disk_full: cannot write this launch's files" in r.stderr and "No space left on device" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert prompts.read_text() == "a cat\n"
+    assert [e["event"] for e in events(run_dir)][-1] == "gave_up"
