@@ -7,6 +7,7 @@ rung would change anything for this command (the engine dry-runs it on a copy of
 from __future__ import annotations
 
 from collections.abc import Callable
+import signal
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -62,7 +63,7 @@ class Decision:
 def decide(history: History, outcome: Outcome, policy: Policy, now: float,
            applicable: Callable[[Rung], bool]) -> Decision:
     if outcome.stop_signal is not None:
-        return Decision("signal", 128 + outcome.stop_signal, f"stopped by signal {outcome.stop_signal}")
+        return Decision("signal", 128 + outcome.stop_signal, f"stopped by {signal.Signals(outcome.stop_signal).name}")
     if outcome.fault is None:
         return Decision("finish", 0, "training finished")
     fault = outcome.fault

@@ -29,7 +29,7 @@ from .fault_rules import BUILTIN_RULES, FaultRule, compose_rules
 from .interpreter import trainer_python, upgrade_command
 from .linetext import strip_ansi
 from .logscan import LogScan, find_command_near_end, scan_file, scan_log
-from .plan import LaunchPlan, apply_action
+from .plan import LaunchPlan, apply_action, rung_applies, upgrade_spec
 from .remedies import NOT_RESTARTABLE, Action, Rung, ladder
 
 __all__ = ["Diagnosis", "diagnose_path", "diagnose_scan", "plan_remedy", "run_diagnose"]
@@ -71,35 +71,20 @@ class Remedy:
     relaunch: bool  # trainsup run would launch again (False: it stops)
 
 
-def _applicable(plan: LaunchPlan, rung: Rung) -> bool:
-    """Whether the rung would do anything here (the engine's dry run on a copy of the plan)."""
-    trial = plan.copy()
-    for action in rung.actions:
-        if action.kind in ("restart", "upgrade", "stop"):
-            return True
-        try:
-            if apply_action(trial, action) is not None:
-                return True
-        except (ValueError, OSError):
-            continue
-    return False
-
-
 def _upgrade_text(action: Action, plan: LaunchPlan | None, evidence: str | None) -> str:
-    spec = action.name
-    if evidence and "unexpected keyword argument 'device'" in evidence:
-        spec = "safetensors>=0.4.3"  # the resume-side failure needs the later release (as the engine does)
+    spec = upgrade_spec(action, evidence)
     python = trainer_python(plan.command.launcher) if plan is not None else None
     pip = " ".join(upgrade_command(python or "<trainer's python>", shlex.quote(spec)))
     return f"upgrade {spec} in the trainer's interpreter: {pip}"
 
 
 def plan_remedy(fault: str, plan: LaunchPlan | None, evidence: str | None = None,
-                apply_to: LaunchPlan | None = None) -> Remedy:
+                apply_to: LaunchPlan | None = None, allow_upgrade: bool = True) -> Remedy:
     """The remedy trainsup run would apply after this fault on a first attempt.
 
     ``plan`` decides which rung applies (without one, the first); the rung is then applied to
-    ``apply_to`` (default: ``plan``) for the corrected command.
+    ``apply_to`` (default: ``plan``) for the corrected command.  Without ``allow_upgrade``
+    (the policy's ``environment.allow_upgrade``) an upgrade rung stops, printing the command.
     """
     rungs = ladder(fault)
     if fault in NOT_RESTARTABLE:
@@ -107,7 +92,7 @@ def plan_remedy(fault: str, plan: LaunchPlan | None, evidence: str | None = None
     else:
         index = 0
         if plan is not None:
-            while index < len(rungs) and not rungs[index].repeat and not _applicable(plan, rungs[index]):
+            while index < len(rungs) and not rungs[index].repeat and not rung_applies(plan, rungs[index]):
                 index += 1
         rung = rungs[index] if index < len(rungs) else None
     if rung is None:
@@ -117,6 +102,10 @@ def plan_remedy(fault: str, plan: LaunchPlan | None, evidence: str | None = None
     changes: list[str] = []
     for action in rung.actions:
         change = None
+        if action.kind == "upgrade" and not allow_upgrade:
+            pip = _upgrade_text(action, new, evidence).split(": ", 1)[1]
+            return Remedy(rung, [f"stop: the policy forbids upgrades (environment.allow_upgrade: false); "
+                                 f"run: {pip}"], None, False)
         if action.kind == "upgrade":
             change = _upgrade_text(action, new, evidence)
         elif new is not None and action.kind not in ("restart", "stop"):
@@ -142,15 +131,13 @@ def build_plan(argv: list[str]) -> LaunchPlan:
     """A plan for a command as the user gave it; its --config_file is read when it exists here."""
     command = TrainerCommand.parse(argv)
     config = command.get("config_file")
-    user_config = None
     if config:
         path = Path(config).expanduser()
         try:
-            tomlio.read_toml(path)
-            user_config = path
+            return LaunchPlan(command, {}, set(), path, tomlio.read_toml(path))
         except (tomlio.ConfigFileError, OSError):
-            user_config = None  # not on this machine (or broken): only the command line is known
-    return LaunchPlan(command, {}, set(), user_config)
+            pass  # not on this machine (or broken): only the command line is known
+    return LaunchPlan(command, {}, set())
 
 
 def _explanation(fault: str, rules: Sequence[FaultRule]) -> str:
@@ -161,7 +148,8 @@ def _explanation(fault: str, rules: Sequence[FaultRule]) -> str:
 
 
 def diagnose_scan(name: str, scan: LogScan, rules: Sequence[FaultRule] = BUILTIN_RULES,
-                  command: list[str] | None = None, path: str | None = None) -> Diagnosis:
+                  command: list[str] | None = None, path: str | None = None,
+                  allow_upgrade: bool = True) -> Diagnosis:
     """The diagnosis of one scanned log.  ``path`` (a file) lets a scan that stopped at its
     verdict still look for the command line in the log's last lines."""
     diagnosis = Diagnosis(name, success=scan.success)
@@ -189,9 +177,9 @@ def diagnose_scan(name: str, scan: LogScan, rules: Sequence[FaultRule] = BUILTIN
         # Flags set in a config file that is not on this machine are unknown: say what the
         # first rung does instead of judging it inapplicable.
         diagnosis.notes.append(f"--config_file {config} is not readable here: flags set in it are unknown")
-        remedy = plan_remedy(diagnosis.fault, None, diagnosis.evidence, apply_to=plan)
+        remedy = plan_remedy(diagnosis.fault, None, diagnosis.evidence, plan, allow_upgrade)
     else:
-        remedy = plan_remedy(diagnosis.fault, plan, diagnosis.evidence)
+        remedy = plan_remedy(diagnosis.fault, plan, diagnosis.evidence, allow_upgrade=allow_upgrade)
     diagnosis.remedy = remedy.changes
     if plan is not None and remedy.plan is not None:
         diagnosis.command = command_text(remedy.plan)
@@ -205,11 +193,12 @@ def diagnose_scan(name: str, scan: LogScan, rules: Sequence[FaultRule] = BUILTIN
     return diagnosis
 
 
-def diagnose_path(path: str, rules: Sequence[FaultRule], command: list[str] | None) -> Diagnosis:
+def diagnose_path(path: str, rules: Sequence[FaultRule], command: list[str] | None,
+                  allow_upgrade: bool = True) -> Diagnosis:
     """Diagnose a file, or stdin for ``-``.  Raises OSError when the input cannot be read."""
     if path == "-":
-        return diagnose_scan("-", scan_log(sys.stdin.buffer, rules), rules, command)
-    return diagnose_scan(path, scan_file(path, rules), rules, command, path)
+        return diagnose_scan("-", scan_log(sys.stdin.buffer, rules), rules, command, None, allow_upgrade)
+    return diagnose_scan(path, scan_file(path, rules), rules, command, path, allow_upgrade)
 
 
 def format_text(d: Diagnosis) -> str:
@@ -239,10 +228,11 @@ def run_diagnose(paths: Sequence[str], *, as_json: bool, command: str | None, po
     from .policy import PolicyError, load_policy
 
     try:
-        rules = compose_rules(load_policy(policy).rules)
+        loaded = load_policy(policy)
     except PolicyError as exc:
         print(f"trainsup diagnose: error: {exc}", file=err)
         return EXIT_UNREADABLE
+    rules = compose_rules(loaded.rules)  # user rules first, as trainsup run composes them
     argv = None
     if command is not None:
         try:
@@ -252,9 +242,10 @@ def run_diagnose(paths: Sequence[str], *, as_json: bool, command: str | None, po
             print(f"trainsup diagnose: error: --command: {exc}", file=err)
             return EXIT_UNREADABLE
     code = EXIT_OK
-    for n, path in enumerate(paths):
+    printed = False
+    for path in paths:
         try:
-            diagnosis = diagnose_path(path, rules, argv)
+            diagnosis = diagnose_path(path, rules, argv, loaded.allow_upgrade)
         except OSError as exc:
             reason = exc.strerror or str(exc)
             print(f"trainsup diagnose: error: cannot read {path}: {reason}", file=err)
@@ -265,6 +256,7 @@ def run_diagnose(paths: Sequence[str], *, as_json: bool, command: str | None, po
         if as_json:
             print(json.dumps(diagnosis.as_json(), ensure_ascii=False), file=out)
         else:
-            print(("\n" if n else "") + format_text(diagnosis), file=out)
+            print(("\n" if printed else "") + format_text(diagnosis), file=out)  # a blank line between logs
+            printed = True
         out.flush()
     return code

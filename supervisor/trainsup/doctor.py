@@ -149,7 +149,11 @@ def _trained_bytes(view: CommandView, out_dir: Path) -> tuple[float, str]:
     return dim * _PER_DIM_FP32[view.info.kind], f"about {_size(_PER_DIM_FP32[view.info.kind])} per network_dim"
 
 
-def _disk(view: CommandView) -> list[Finding]:
+def _disk_free(path: Path) -> int:
+    return shutil.disk_usage(path).free
+
+
+def _disk(view: CommandView, disk_free: Callable[[Path], int]) -> list[Finding]:
     out_dir = view.path("output_dir")
     if out_dir is None:
         return []
@@ -159,7 +163,7 @@ def _disk(view: CommandView) -> list[Finding]:
     if not os.access(existing, os.W_OK):
         return [Finding("blocker", "output_not_writable", f"--output_dir {view.value('output_dir')}: "
                         f"{existing} is not writable", "choose a directory you can write to")]
-    free = shutil.disk_usage(existing).free
+    free = disk_free(existing)
     weights, how = _trained_bytes(view, out_dir)
     state = 3 * weights
     room = f"{_size(free)} free in {existing}; a saved state is about {_size(state)} (3x {_size(weights)}: {how})"
@@ -209,7 +213,8 @@ def _gpus(make_probe: Callable[[], gpu.GpuProbe], env: Mapping[str, str]) -> lis
 
 def doctor(argv: list[str], cwd: Path, env: Mapping[str, str], *,
            gpu_probe: Callable[[], gpu.GpuProbe] = gpu.probe,
-           probe: Callable[..., Probe] = probe_versions) -> Report:
+           probe: Callable[..., Probe] = probe_versions,
+           disk_free: Callable[[Path], int] = _disk_free) -> Report:
     """Every finding for this command, as the trainer would be started from ``cwd`` with ``env``."""
     try:
         command = TrainerCommand.parse(list(argv))
@@ -221,7 +226,7 @@ def doctor(argv: list[str], cwd: Path, env: Mapping[str, str], *,
     findings += found
     findings += check_command(view, demo_flags)
     findings += _serializer(view, python, versions)
-    findings += _disk(view)
+    findings += _disk(view, disk_free)
     findings += _gpus(gpu_probe, env)
     findings.sort(key=lambda f: _ORDER[f.severity])
     return Report(findings, python, versions)

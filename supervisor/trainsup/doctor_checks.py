@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from . import tomlio
-from .cmdline import TrainerCommand
+from .cmdline import TrainerCommand, find_script
 from .profile import ScriptInfo, script_info
 from .states import check_state
 from .sthead import Header, HeaderError, float8_dtypes, load_header
@@ -111,8 +111,18 @@ def load_view(command: TrainerCommand, cwd: Path) -> tuple[CommandView, list[Fin
 
 def check_command(view: CommandView, demo_flags: frozenset[str] | None) -> list[Finding]:
     """Every check of this module, in the order they are reported."""
-    return [*_flags(view, demo_flags), *_fp8_flags(view), *_models(view), *_dataset(view),
+    return [*_script(view), *_flags(view, demo_flags), *_fp8_flags(view), *_models(view), *_dataset(view),
             *_prompts(view), *_resume_state(view), *_resume_point(view)]
+
+
+def _script(view: CommandView) -> list[Finding]:
+    token = view.command.launcher[find_script(view.command.launcher)]
+    if token.endswith(".py"):
+        path = Path(token).expanduser()
+        if not (path if path.is_absolute() else view.cwd / path).is_file():
+            return [Finding("blocker", "missing_script", f"{token}: no such file",
+                            "run from the sd-scripts folder, or give the script's full path")]
+    return []
 
 
 def _flags(view: CommandView, demo_flags: frozenset[str] | None) -> list[Finding]:

@@ -121,6 +121,8 @@ class Supervisor:
         self.watcher.start()
         attempt = first
         while True:
+            if self.stop_signal is not None:  # asked to stop between two attempts
+                return self._end(self._stopped_by_signal())
             resume = self.points.newest(self.nan_abs_step)
             result, launch = self._launch(attempt, self.plan, resume)
             if result is None:
@@ -143,8 +145,7 @@ class Supervisor:
                 return self._end(stop)
             self._transition(RunState.BACKOFF)
             if self._backoff(decision.delay_s):
-                return self._end(Decision("signal", 128 + (self.stop_signal or 15),
-                                          f"stopped by signal {self.stop_signal}"))
+                return self._end(self._stopped_by_signal())
             self._transition(RunState.STARTING)
             attempt += 1
 
@@ -211,6 +212,8 @@ class Supervisor:
         trained = max(r.obs.progress.step if r.obs.progress else 0, self.points.steps_proven())
         self.journal.status(step=self.resume_step + trained)  # progress snapshots are throttled
         self.nan_abs_step = None if r.nan_progress_step is None else self.resume_step + r.nan_progress_step
+        if self.nan_abs_step is not None:
+            self.points.mark_tainted(self.nan_abs_step)  # saved at or after the NaN: never a resume point
         ev = r.evidence
         self.journal.event("attempt_end", attempt=attempt, exit_code=r.exit_code, signal=r.signal,
                            child_status=r.obs.child_status, child_signal=r.obs.child_signal,
@@ -325,6 +328,10 @@ class Supervisor:
             if kind == "file_changed":
                 self._on_file_changed(payload)
         return True
+
+    def _stopped_by_signal(self) -> Decision:
+        sig = self.stop_signal or signal.SIGTERM
+        return Decision("signal", 128 + sig, f"stopped by {signal.Signals(sig).name}")
 
     def _end(self, decision: Decision, attempt: int | None = None) -> int:
         code = decision.exit_code if decision.exit_code is not None else EXIT_STOPPED

@@ -134,7 +134,7 @@ class LogScan:
     verdict: Evidence | None
     lines: int  # lines read (up to the verdict when reading stopped there)
     stopped_early: bool  # root evidence decided the verdict before the end of the file
-    failed: bool  # the run visibly failed: the launcher reported it, or a traceback ended the output
+    failed: bool  # the run visibly failed: root evidence, the launcher said so, or a traceback ended it
     success: bool  # kohya's "model saved." with no failure after it
     command: list[str] | None  # the trainer's command line, when the log shows it
 
@@ -272,7 +272,8 @@ class _Verdict:
     def result(self, signs: _Signs) -> LogScan:
         status = self.scanner.child_status
         launcher_failed = status is not None and (status[1] is not None or status[0] not in (None, 0))
-        failed = launcher_failed or signs.last_traceback > max(signs.last_progress, signs.last_success)
+        failed = (self.stopped_at is not None or launcher_failed
+                  or signs.last_traceback > max(signs.last_progress, signs.last_success))
         return LogScan(self.scanner.verdict, self.stopped_at or signs.lineno, self.stopped_at is not None,
                        failed, signs.last_success > 0 and not failed, signs.command)
 
@@ -348,10 +349,11 @@ def _select_file(path: str, send: Connection, chunk_size: int) -> None:
     try:
         with open(path, "rb", buffering=0) as fh:
             for batch in _batches(fh, DEFAULT_MAX_LINE, chunk_size):
-                send.send(("lines", selector.select(batch)))
-                if selector.finder.command is not command:
+                lines = selector.select(batch)
+                if selector.finder.command is not command:  # sent first: as scan_log sees it
                     command = selector.finder.command
                     send.send(("command", command))
+                send.send(("lines", lines))
         send.send(("end", (selector.lineno, selector.last_traceback, selector.last_progress,
                            selector.last_success)))
     except OSError as exc:

@@ -94,6 +94,11 @@ class ResumePoints:
         step_name = state_dir_names(self.output_name)[0]
         self.ledger.mark_bad(self.output_dir / f"{step_name}-step{label:08d}-state")
 
+    def mark_tainted(self, from_step: int) -> None:
+        for state in self.ledger.states:
+            if state.attempt == self.attempt and state.step >= from_step:
+                self.ledger.mark_bad(Path(state.dir))
+
     # --- across attempts -------------------------------------------------------------------------
     def wrote_under(self, output_name: str | None) -> bool:
         """Whether this run already wrote weights or states under that output name."""
