@@ -71,11 +71,11 @@ class Remedy:
     relaunch: bool  # trainsup run would launch again (False: it stops)
 
 
-def _upgrade_text(action: Action, plan: LaunchPlan | None, evidence: str | None) -> str:
+def _pip(action: Action, plan: LaunchPlan | None, evidence: str | None) -> tuple[str, str]:
+    """The package spec an upgrade installs, and the pip command in the trainer's interpreter."""
     spec = upgrade_spec(action, evidence)
     python = trainer_python(plan.command.launcher) if plan is not None else None
-    pip = " ".join(upgrade_command(python or "<trainer's python>", shlex.quote(spec)))
-    return f"upgrade {spec} in the trainer's interpreter: {pip}"
+    return spec, " ".join(upgrade_command(python or "<trainer's python>", shlex.quote(spec)))
 
 
 def plan_remedy(fault: str, plan: LaunchPlan | None, evidence: str | None = None,
@@ -102,12 +102,12 @@ def plan_remedy(fault: str, plan: LaunchPlan | None, evidence: str | None = None
     changes: list[str] = []
     for action in rung.actions:
         change = None
-        if action.kind == "upgrade" and not allow_upgrade:
-            pip = _upgrade_text(action, new, evidence).split(": ", 1)[1]
-            return Remedy(rung, [f"stop: the policy forbids upgrades (environment.allow_upgrade: false); "
-                                 f"run: {pip}"], None, False)
         if action.kind == "upgrade":
-            change = _upgrade_text(action, new, evidence)
+            spec, pip = _pip(action, new, evidence)
+            if not allow_upgrade:  # the engine stops there, printing the command
+                why = "stop: the policy forbids upgrades (environment.allow_upgrade: false); run: "
+                return Remedy(rung, [why + pip], None, False)
+            change = f"upgrade {spec} in the trainer's interpreter: {pip}"
         elif new is not None and action.kind not in ("restart", "stop"):
             try:
                 change = apply_action(new, action)

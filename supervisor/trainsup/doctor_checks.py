@@ -99,8 +99,8 @@ def load_view(command: TrainerCommand, cwd: Path) -> tuple[CommandView, list[Fin
     path = view.path("config_file")
     if path is None:
         return view, []
-    if not path.exists() and path.suffix != ".toml" and path.with_name(path.name + ".toml").exists():
-        path = path.with_name(path.name + ".toml")  # kohya appends .toml when it is missing
+    if not path.name.endswith(".toml"):
+        path = path.with_name(path.name + ".toml")  # as kohya does (train_util.read_config_from_file)
     try:
         view.config = tomlio.flat_keys(tomlio.read_toml(path))
     except (tomlio.ConfigFileError, OSError) as exc:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import itertools
 import multiprocessing
 import os
 import re
@@ -139,24 +140,24 @@ class LogScan:
     command: list[str] | None  # the trainer's command line, when the log shows it
 
 
+def _chunks(fh: BinaryIO, chunk_size: int) -> Iterator[bytes]:
+    while chunk := fh.read(chunk_size):
+        yield chunk
+
+
 def _batches(fh: BinaryIO, max_line: int, chunk_size: int) -> Iterator[list[bytes]]:
     """The file's lines, a chunk's worth at a time, without their ending (``\\r`` redraws kept)."""
-    sep = b""  # not known until a \n or the first MiB has been seen
-    pending = b""
-    tail = b""
-    while True:
-        chunk = fh.read(chunk_size)
-        if not sep:
-            pending += chunk
-            if b"\n" in pending or (chunk and len(pending) < _DETECT):
-                sep = b"\n" if b"\n" in pending else b""
-                if not sep:
-                    continue
-            else:
-                sep = b"\r" if b"\r" in pending else b"\n"  # \r-terminated lines: nothing to collapse
-            chunk, pending = pending, b""
-        if not chunk:
+    chunks = _chunks(fh, chunk_size)
+    head = b""
+    for chunk in chunks:  # a \n, or the first MiB without one, decides how lines end
+        head += chunk
+        if b"\n" in head or len(head) >= _DETECT:
             break
+    sep = b"\r" if b"\n" not in head and b"\r" in head else b"\n"
+    tail = b""
+    for chunk in itertools.chain((head,), chunks):
+        if not chunk:
+            continue
         data = tail + chunk if tail else chunk
         pieces = data.split(sep)
         tail = _squeeze(pieces.pop(), max_line)

@@ -61,10 +61,10 @@ def test_an_fp8_repack_without_fp8_base_is_a_warning(assets: Path, tmp_path: Pat
 def test_lowvram_is_a_blocker(assets: Path, tmp_path: Path) -> None:
     result = doctor(command(assets, tmp_path, "--lowvram"))
     assert result.returncode == 2
-    assert findings(result) == ["BLOCKER unknown_flag: --lowvram: no kohya script has it (it is an AUTOMATIC1111/"
+    assert findings(result) == [("BLOCKER unknown_flag: --lowvram: no kohya script has it (it is an AUTOMATIC1111/"
                                 "ComfyUI option); to save VRAM use --gradient_checkpointing, --fp8_base or, in DiT "
                                 "scripts, --blocks_to_swap; the trainer would stop with 'unrecognized arguments' — "
-                                "fix: remove --lowvram"]
+                                "fix: remove --lowvram")]
     as_json = json.loads(doctor(command(assets, tmp_path, "--lowvram"), as_json=True).stdout)
     assert [(f["severity"], f["id"], f["fix"]) for f in as_json["findings"] if f["severity"] != "info"] == [
         ("blocker", "unknown_flag", "remove --lowvram")]

@@ -53,8 +53,8 @@ def test_serializer_upgrade_names_the_trainers_python() -> None:
     assert "'safetensors>=0.4.3'" in resume.changes[0]
     forbidden = plan_remedy("fp8_serializer", plan, allow_upgrade=False)
     assert not forbidden.relaunch and forbidden.changes == [
-        "stop: the policy forbids upgrades (environment.allow_upgrade: false); run: /venv/bin/python -m pip install "
-        "'safetensors>=0.4.2'"]
+        ("stop: the policy forbids upgrades (environment.allow_upgrade: false); run: /venv/bin/python -m pip install "
+        "'safetensors>=0.4.2'")]
 
 
 def test_without_a_command_the_first_rung_is_described() -> None:
