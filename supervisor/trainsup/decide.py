@@ -6,11 +6,12 @@ rung would change anything for this command (the engine dry-runs it on a copy of
 
 from __future__ import annotations
 
-from collections.abc import Callable
 import signal
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from .fault_rules import FaultRule
 from .policy import Policy
 from .remedies import NOT_RESTARTABLE, Rung, ladder
 
@@ -60,15 +61,31 @@ class Decision:
     quick: bool = False  # the attempt died before training a step, fast, on a plain restart
 
 
+def select_rung(fault: str, start: int, applicable: Callable[[Rung], bool]) -> tuple[int, Rung] | None:
+    """The ladder rung to apply: from ``start``, skipping rungs that would change nothing here."""
+    rungs = ladder(fault)
+    index = start
+    while index < len(rungs) and not rungs[index].repeat and not applicable(rungs[index]):
+        index += 1
+    return (index, rungs[index]) if index < len(rungs) else None
+
+
+def stops_at_once(rules: Iterable[FaultRule]) -> frozenset[str]:
+    """Fault ids a restart cannot fix: the built-in ones and any rule that says restartable: false."""
+    return NOT_RESTARTABLE | {r.id for r in rules if not r.restartable}
+
+
 def decide(history: History, outcome: Outcome, policy: Policy, now: float,
-           applicable: Callable[[Rung], bool]) -> Decision:
+           applicable: Callable[[Rung], bool], fatal: frozenset[str] = NOT_RESTARTABLE) -> Decision:
     if outcome.stop_signal is not None:
         return Decision("signal", 128 + outcome.stop_signal, f"stopped by {signal.Signals(outcome.stop_signal).name}")
     if outcome.fault is None:
         return Decision("finish", 0, "training finished")
     fault = outcome.fault
-    if fault in NOT_RESTARTABLE:
-        return Decision("stop", EXIT_STOPPED, _stop_reason(fault, ladder(fault)[0]))
+    if fault in fatal:
+        reason = _stop_reason(fault, ladder(fault)[0]) if fault in NOT_RESTARTABLE else \
+            f"{fault}: its rule says a restart cannot fix it"
+        return Decision("stop", EXIT_STOPPED, reason)
 
     recent = [t for t in history.restarts_at if now - t < policy.restart_window_s]
     if len(recent) >= policy.restart_max:
@@ -76,13 +93,10 @@ def decide(history: History, outcome: Outcome, policy: Policy, now: float,
                         f"restart budget exhausted: {len(recent)} restarts within "
                         f"{policy.restart_window_s:g} s (restart.max={policy.restart_max}); last fault {fault}")
 
-    rungs = ladder(fault)
-    index = history.next_rung.get(fault, 0)
-    while index < len(rungs) and not rungs[index].repeat and not applicable(rungs[index]):
-        index += 1
-    if index >= len(rungs):
+    chosen = select_rung(fault, history.next_rung.get(fault, 0), applicable)
+    if chosen is None:
         return Decision("stop", EXIT_STOPPED, f"{fault}: no remedy left that changes this command")
-    rung = rungs[index]
+    index, rung = chosen
     if any(a.kind == "stop" for a in rung.actions):
         return Decision("stop", EXIT_STOPPED, _stop_reason(fault, rung), rung, index)
 

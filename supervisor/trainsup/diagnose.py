@@ -25,12 +25,13 @@ from typing import TextIO
 
 from . import tomlio
 from .cmdline import TrainerCommand
+from .decide import select_rung, stops_at_once
 from .fault_rules import BUILTIN_RULES, FaultRule, compose_rules
 from .interpreter import trainer_python, upgrade_command
 from .linetext import strip_ansi
 from .logscan import LogScan, find_command_near_end, scan_file, scan_log
 from .plan import LaunchPlan, apply_action, rung_applies, upgrade_spec
-from .remedies import NOT_RESTARTABLE, Action, Rung, ladder
+from .remedies import NOT_RESTARTABLE, Action, Rung, ladder, stop
 
 __all__ = ["Diagnosis", "diagnose_path", "diagnose_scan", "plan_remedy", "run_diagnose"]
 
@@ -79,22 +80,21 @@ def _pip(action: Action, plan: LaunchPlan | None, evidence: str | None) -> tuple
 
 
 def plan_remedy(fault: str, plan: LaunchPlan | None, evidence: str | None = None,
-                apply_to: LaunchPlan | None = None, allow_upgrade: bool = True) -> Remedy:
+                apply_to: LaunchPlan | None = None, allow_upgrade: bool = True,
+                fatal: frozenset[str] = NOT_RESTARTABLE) -> Remedy:
     """The remedy trainsup run would apply after this fault on a first attempt.
 
     ``plan`` decides which rung applies (without one, the first); the rung is then applied to
     ``apply_to`` (default: ``plan``) for the corrected command.  Without ``allow_upgrade``
     (the policy's ``environment.allow_upgrade``) an upgrade rung stops, printing the command.
     """
-    rungs = ladder(fault)
-    if fault in NOT_RESTARTABLE:
-        rung: Rung | None = rungs[0]  # the engine stops at once with this rung's reason
+    rung: Rung | None
+    if fault in fatal:
+        rung = ladder(fault)[0] if fault in NOT_RESTARTABLE else stop("its rule says a restart cannot fix it")
     else:
-        index = 0
-        if plan is not None:
-            while index < len(rungs) and not rungs[index].repeat and not rung_applies(plan, rungs[index]):
-                index += 1
-        rung = rungs[index] if index < len(rungs) else None
+        # Without a command every rung may apply: say what the first one does.
+        chosen = select_rung(fault, 0, (lambda r: rung_applies(plan, r)) if plan is not None else (lambda r: True))
+        rung = chosen[1] if chosen is not None else None
     if rung is None:
         return Remedy(None, ["stop: no remedy left that changes this command"], None, False)
     target = apply_to if apply_to is not None else plan
@@ -177,9 +177,10 @@ def diagnose_scan(name: str, scan: LogScan, rules: Sequence[FaultRule] = BUILTIN
         # Flags set in a config file that is not on this machine are unknown: say what the
         # first rung does instead of judging it inapplicable.
         diagnosis.notes.append(f"--config_file {config} is not readable here: flags set in it are unknown")
-        remedy = plan_remedy(diagnosis.fault, None, diagnosis.evidence, plan, allow_upgrade)
+        remedy = plan_remedy(diagnosis.fault, None, diagnosis.evidence, plan, allow_upgrade, stops_at_once(rules))
     else:
-        remedy = plan_remedy(diagnosis.fault, plan, diagnosis.evidence, allow_upgrade=allow_upgrade)
+        remedy = plan_remedy(diagnosis.fault, plan, diagnosis.evidence, allow_upgrade=allow_upgrade,
+                             fatal=stops_at_once(rules))
     diagnosis.remedy = remedy.changes
     if plan is not None and remedy.plan is not None:
         diagnosis.command = command_text(remedy.plan)

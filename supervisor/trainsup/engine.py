@@ -24,7 +24,7 @@ from typing import Any
 
 from . import process
 from .attempt import AttemptHooks, AttemptResult, merged_env, run_attempt
-from .decide import EXIT_STOPPED, Decision, History, Outcome, decide, record
+from .decide import EXIT_STOPPED, Decision, History, Outcome, decide, record, stops_at_once
 from .fault_rules import compose_rules
 from .faults import Evidence, FaultScanner
 from .fsutil import publish_copy
@@ -135,7 +135,7 @@ class Supervisor:
                 attempt += 1
                 continue
             decision = decide(self.history, outcome, self.policy, self.clock(),
-                              lambda rung: rung_applies(self.plan, rung))
+                              lambda rung: rung_applies(self.plan, rung), stops_at_once(self.rules))
             record(self.history, outcome, decision, self.clock())
             if decision.kind != "restart":
                 return self._end(decision, attempt)

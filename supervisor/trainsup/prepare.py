@@ -44,6 +44,8 @@ def prepare(argv: list[str], cwd: Path, policy: Policy, rng: random.Random | Non
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     config_path = command.get("config_file")
+    if config_path and not config_path.endswith(".toml"):
+        config_path += ".toml"  # kohya appends it the same way
     user_config = _resolve(config_path, cwd) if config_path else None
     config: dict[str, object] = {}
     config_doc = None

@@ -85,3 +85,14 @@ def test_kohya_overshoot_after_resume_is_predicted() -> None:
     assert post_resume_overshoot(8, 18, 4) == 2  # 5 epochs of 4 = 20 steps, its stop never fires
     assert post_resume_overshoot(8, 20, 4) == 0  # whole epochs: nothing extra
     assert post_resume_overshoot(3, 18, 4) == 0  # resumed inside the first epoch: labels are right
+
+
+def test_a_user_rule_that_says_restartable_false_stops_at_once() -> None:
+    from trainsup.decide import stops_at_once
+    from trainsup.faults import load_user_rules
+
+    rules = load_user_rules([{"id": "license_expired", "patterns": ["License expired"], "restartable": False}],
+                            "p.yaml")
+    d = decide(History(), outcome("license_expired"), Policy(), 0, always, stops_at_once(rules))
+    assert (d.kind, d.exit_code) == ("stop", 4) and "restart cannot fix" in d.reason
+    assert decide(History(), outcome("license_expired"), Policy(), 0, always).kind == "restart"
