@@ -69,24 +69,28 @@ def _report(args: argparse.Namespace) -> int:
                             out=sys.stdout, err=sys.stderr)
     from .doctor import run_doctor
 
+    command = _training_command(args, "doctor")
+    if command is None:
+        return 2
+    return run_doctor(command, as_json=args.json, cwd=Path.cwd(), env=dict(os.environ), out=sys.stdout)
+
+
+def _training_command(args: argparse.Namespace, verb: str) -> list[str] | None:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        print("trainsup doctor: error: give the training command after `--`", file=sys.stderr)
-        return 2
-    return run_doctor(command, as_json=args.json, cwd=Path.cwd(), env=dict(os.environ), out=sys.stdout)
+        print(f"trainsup {verb}: error: give the training command after `--`", file=sys.stderr)
+        return None
+    return command
 
 
 def _run(args: argparse.Namespace) -> int:
     from .engine import RunSpec, Supervisor, install_signal_handlers
     from .policy import PolicyError, load_policy
 
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
-    if not command:
-        print("trainsup run: error: give the training command after `--`", file=sys.stderr)
+    command = _training_command(args, "run")
+    if command is None:
         return 2
     try:
         policy = load_policy(args.policy)

@@ -2,42 +2,43 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temp file in the same directory and ``os.replace``: readers see old or new, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+def _replace_via_temp(dst: Path, fill: Callable[[str], None]) -> None:
+    """Fill a temp file beside ``dst`` and ``os.replace`` it: readers see old or new, never half."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
+        fill(tmp)
+        os.replace(tmp, dst)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    def fill(tmp: str) -> None:
+        Path(tmp).write_text(text, encoding="utf-8")
+
+    _replace_via_temp(path, fill)
 
 
 def publish_copy(src: Path, dst: Path) -> None:
     """Make ``dst`` hold ``src``'s bytes, atomically; a hard link when possible (no extra space)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
-    os.close(fd)
-    os.unlink(tmp)
-    try:
+
+    def fill(tmp: str) -> None:
+        os.unlink(tmp)
         try:
             os.link(src, tmp)
         except OSError:
             shutil.copyfile(src, tmp)
-        os.replace(tmp, dst)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+
+    _replace_via_temp(dst, fill)
