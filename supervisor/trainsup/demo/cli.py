@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 import tomllib
 
 from .logfmt import setup_logging
@@ -155,3 +156,14 @@ def parse_command_line(argv: list[str] | None, flux: bool) -> argparse.Namespace
     # kohya's setup_logging(args, reset=True): the options may come from the config file
     setup_logging(simple=bool(args.console_log_simple), level=args.console_log_level)
     return args
+
+
+def script_main(flux: bool, argv: list[str] | None = None) -> None:
+    """What both demo scripts run: parse, then (torch imported only now) train, then exit."""
+    args = parse_command_line(argv, flux=flux)
+    if args is None:
+        sys.exit(1)
+    from trainsup.demo.arch import FLUX, SD
+    from trainsup.demo.core import train
+
+    sys.exit(train(FLUX if flux else SD, args))

@@ -8,21 +8,12 @@ encoder). Run as `python -m trainsup.demo.flux_train_network ...` or as a script
 
 from __future__ import annotations
 
-import sys
-
-# absolute imports: the file also runs as a plain script (`launch .../train_network.py`)
-from trainsup.demo.cli import parse_command_line
+# absolute imports: the file also runs as a plain script (`launch .../flux_train_network.py`)
+from trainsup.demo.cli import script_main
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_command_line(argv, flux=True)
-    if args is None:
-        sys.exit(1)
-    # torch is imported only after the arguments are known to be good
-    from trainsup.demo.arch import FLUX
-    from trainsup.demo.core import train
-
-    sys.exit(train(FLUX, args))
+    script_main(True, argv)
 
 
 if __name__ == "__main__":
