@@ -25,9 +25,9 @@ if mode == "longline":
         out.write(block)
     out.write(b"\n")
 elif mode == "binary":
-    rnd = open("/dev/urandom", "rb")
-    for _ in range(int(sys.argv[2])):
-        out.write(rnd.read(1 << 20))
+    with open("/dev/urandom", "rb") as rnd:
+        for _ in range(int(sys.argv[2])):
+            out.write(rnd.read(1 << 20))
     out.write(b"\n")
 elif mode == "fail":
     bar(1)
@@ -40,9 +40,8 @@ elif mode == "crash":
 elif mode == "hang":
     # A launcher-like parent that ignores SIGTERM, with a grandchild that ignores it too.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    grandchild = subprocess.Popen([sys.executable, "-c",
-                                   "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
-                                   "time.sleep(600)"])
+    ignore_term = "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    grandchild = subprocess.Popen([sys.executable, "-c", ignore_term])
     with open(sys.argv[2], "w") as fh:
         fh.write(f"{os.getpid()} {grandchild.pid}\n")
     bar(1)
