@@ -30,7 +30,6 @@ class AttemptResult:
     fault: str | None
     evidence: Evidence | None
     uptime_s: float
-    stopped_live: str | None  # the live fault we stopped it for
     stop_signal: int | None  # trainsup was asked to stop
     nan_progress_step: int | None  # attempt-relative bar step where the loss first showed NaN
     stopped_for_change: bool = False  # stopped on purpose (at a checkpoint) to apply an edit
@@ -120,6 +119,7 @@ def run_attempt(argv: list[str], env: dict[str, str], cwd: Path, log_path: Path,
     obs = parser.obs
     uptime = (exited_at or clock()) - started
     success = obs.success_seen or (exit_code == 0 and hooks.success_fallback())
+    obs.child_status, obs.child_signal = scanner.child_status or (None, None)
     info = ExitInfo(exit_code, sig, obs.child_status, obs.child_signal, success)
     if stop_signal is not None or stopped_for_change:
         fault = None
@@ -127,11 +127,6 @@ def run_attempt(argv: list[str], env: dict[str, str], cwd: Path, log_path: Path,
         fault = stopped_live
     else:
         fault = classify_exit(info, scanner.verdict)
-    return AttemptResult(exit_code, sig, obs, fault, scanner.verdict, uptime, stopped_live, stop_signal,
+    return AttemptResult(exit_code, sig, obs, fault, scanner.verdict, uptime, stop_signal,
                          nan_step, stopped_for_change)
 
-
-def merged_env(base: dict[str, str], overrides: dict[str, str]) -> dict[str, str]:
-    env = dict(base)
-    env.update(overrides)
-    return env

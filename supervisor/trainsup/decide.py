@@ -15,8 +15,6 @@ from .fault_rules import FaultRule
 from .policy import Policy
 from .remedies import NOT_RESTARTABLE, Rung, ladder
 
-EXIT_FINISHED = 0
-EXIT_USAGE = 2
 EXIT_GAVE_UP = 3
 EXIT_STOPPED = 4
 

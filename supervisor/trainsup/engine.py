@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from . import process
-from .attempt import AttemptHooks, AttemptResult, merged_env, run_attempt
+from .attempt import AttemptHooks, AttemptResult, run_attempt
 from .decide import EXIT_STOPPED, Decision, History, Outcome, decide, record, stops_at_once
 from .fault_rules import compose_rules
 from .faults import Evidence, FaultScanner
@@ -179,9 +179,7 @@ class Supervisor:
         resume_step = resume.step if resume else 0
         self.points.begin(attempt, output_name, resume_step)
         argv = cmd.argv()
-        env = merged_env(dict(self.spec.env), {k: v for k, v in CHILD_ENV_DEFAULTS.items()
-                                         if k not in self.spec.env})
-        env.update(launch.env)
+        env = {**CHILD_ENV_DEFAULTS, **self.spec.env, **launch.env}  # the user's own values win
         self.attempt_no, self.resume_step = attempt, resume_step
         self.journal.event("attempt_start", attempt=attempt, argv=argv,
                            resume_from=resume.dir if resume else None, resume_step=resume_step,

@@ -17,8 +17,6 @@ _RATE = re.compile(r"(?P<num>[\d.]+|\?)\s*(?P<unit>it/s|s/it)")
 _LOSS = re.compile(r"avr_loss=(?P<loss>[-+\w.]+)")
 _STATE_DONE = re.compile(r"Random states saved in (?P<path>.+?)[/\\]random_states_\d+\.pkl")
 _STATE_START = re.compile(r"saving state at step (?P<step>\d+)")
-_CHECKPOINT = re.compile(r"saving checkpoint: (?P<path>\S.*?)\s*$")
-_RESUME = re.compile(r"resume training from local state: (?P<path>\S.*?)\s*$")
 _BATCHES = re.compile(r"num batches per epoch / \S+: (?P<n>\d+)")
 _GRAD_ACCUM = re.compile(r"gradient accumulation steps / \S+ = (?P<n>\d+)")
 SUCCESS_MARKER = "model saved."
@@ -72,16 +70,6 @@ def state_completed(line: str) -> str | None:
 def state_started(line: str) -> int | None:
     m = _STATE_START.search(line)
     return int(m.group("step")) if m else None
-
-
-def checkpoint_saved(line: str) -> str | None:
-    m = _CHECKPOINT.search(line)
-    return m.group("path") if m else None
-
-
-def resumed_from(line: str) -> str | None:
-    m = _RESUME.search(line)
-    return m.group("path") if m else None
 
 
 def batches_per_epoch(line: str) -> int | None:

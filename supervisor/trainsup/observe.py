@@ -11,11 +11,11 @@ from __future__ import annotations
 import queue
 import re
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from . import matchers
-from .faults import Evidence, FaultScanner, parse_child_status
+from .faults import FaultScanner
 from .linetext import clean_line
 from .splitter import LineSplitter
 
@@ -23,7 +23,7 @@ MAX_LINES_PER_CHUNK = 2000
 
 # A cheap gate: only lines holding one of these reach a matcher.
 _BOOKKEEPING = re.compile("Random states saved|saving state at step|model saved\\.|resume training from|"
-                          "num batches per epoch|gradient accumulation steps|exit status|died with|exitcode")
+                          "num batches per epoch|gradient accumulation steps")
 
 
 @dataclass
@@ -35,11 +35,9 @@ class Observations:
     success_seen: bool = False
     batches_per_epoch: int | None = None
     grad_accum: int | None = None
-    child_status: int | None = None
+    child_status: int | None = None  # the real child's status behind a launcher (from the scanner)
     child_signal: int | None = None
-    states_completed: list[str] = field(default_factory=list)
     saving_state_label: int | None = None  # the trainer's label of a state save in progress
-    evidence: list[Evidence] = field(default_factory=list)
 
 
 class OutputParser:
@@ -83,7 +81,6 @@ class OutputParser:
                 self._bookkeeping(clean_line(line))
             evidence = self.scanner.feed(line, self.obs.lines)
             if evidence is not None:
-                self.obs.evidence.append(evidence)
                 self.events.put(("evidence", evidence))
         if newest_bar is not None:
             progress = matchers.parse_progress(newest_bar)
@@ -95,8 +92,6 @@ class OutputParser:
         obs = self.obs
         state_dir = matchers.state_completed(line)
         if state_dir is not None:
-            if state_dir:
-                obs.states_completed.append(state_dir)
             self.events.put(("state_done", state_dir or None))
             return
         label = matchers.state_started(line)
@@ -114,7 +109,3 @@ class OutputParser:
         if n is not None:
             obs.grad_accum = n
             self.events.put(("summary", None))  # the start-up summary is complete
-            return
-        status = parse_child_status(line)
-        if status is not None:
-            obs.child_status, obs.child_signal = status

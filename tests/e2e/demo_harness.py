@@ -21,7 +21,8 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from tests.conftest import ROOT, trainsup_cmd
-from trainsup.demo.story import follow, read_journal
+from trainsup.demo.story import follow
+from trainsup.journal import read_events
 
 DEMO_ENV_KEYS = ("TRAINSUP_DEMO_SIMULATE", "TRAINSUP_DEMO_STEP_SECONDS")
 FAST_POLICY = "backoff:\n  initial_s: 1.0\n  max_s: 2\nstop:\n  grace_s: 5\n"
@@ -113,7 +114,7 @@ def supervise(argv: list[str], out: Path, tmp: Path, env: dict[str, str] | None 
         proc.wait()
         for r in readers:
             r.join()
-    return SupervisedRun(proc.returncode, streams.get("out", ""), streams.get("err", ""), read_journal(run_dir),
+    return SupervisedRun(proc.returncode, streams.get("out", ""), streams.get("err", ""), read_events(run_dir),
                          run_dir, snapshot)
 
 

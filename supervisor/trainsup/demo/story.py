@@ -9,7 +9,6 @@ for a throw-away venv; without a registry it says so and is skipped.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -21,17 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..journal import read_events
 from .make_assets import make_assets
 
 POLICY = "backoff:\n  initial_s: 0.5\n  max_s: 2\nstop:\n  grace_s: 5\n"
 EventHook = Callable[[dict[str, Any]], None]
-
-
-def read_journal(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "events.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
 
 
 def follow(proc: subprocess.Popen[Any], run_dir: Path, on_event: EventHook | None = None,
@@ -41,7 +34,7 @@ def follow(proc: subprocess.Popen[Any], run_dir: Path, on_event: EventHook | Non
     deadline = time.monotonic() + timeout
     while True:
         done = proc.poll() is not None
-        events = read_journal(run_dir)
+        events = read_events(run_dir)
         if on_event is not None:
             for event in events[seen:]:
                 on_event(event)
