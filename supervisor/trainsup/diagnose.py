@@ -14,7 +14,6 @@ the file; the other files are still classified.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shlex
 import sys
@@ -29,7 +28,7 @@ from .decide import select_rung, stops_at_once
 from .fault_rules import BUILTIN_RULES, FaultRule, compose_rules
 from .interpreter import trainer_python, upgrade_command
 from .linetext import strip_ansi
-from .logscan import LogScan, find_command_near_end, scan_file, scan_log
+from .logscan import LogScan, scan_file, scan_log
 from .plan import LaunchPlan, apply_action, rung_applies, upgrade_spec
 from .remedies import NOT_RESTARTABLE, Action, Rung, ladder, stop
 
@@ -148,13 +147,12 @@ def _explanation(fault: str, rules: Sequence[FaultRule]) -> str:
 
 
 def diagnose_scan(name: str, scan: LogScan, rules: Sequence[FaultRule] = BUILTIN_RULES,
-                  command: list[str] | None = None, path: str | None = None,
-                  allow_upgrade: bool = True) -> Diagnosis:
-    """The diagnosis of one scanned log.  ``path`` (a file) lets a scan that stopped at its
-    verdict still look for the command line in the log's last lines."""
+                  command: list[str] | None = None, allow_upgrade: bool = True) -> Diagnosis:
+    """The diagnosis of one scanned log."""
     diagnosis = Diagnosis(name, success=scan.success)
     verdict = scan.verdict
-    if verdict is not None:
+    if verdict is not None and (not scan.success or verdict.live):
+        # A run that finished is clean whatever it printed on the way; only a live fault counts.
         diagnosis.fault, diagnosis.line = verdict.fault, verdict.lineno
         diagnosis.evidence = strip_ansi(verdict.line)
     elif scan.failed:
@@ -163,9 +161,6 @@ def diagnose_scan(name: str, scan: LogScan, rules: Sequence[FaultRule] = BUILTIN
         return diagnosis
     diagnosis.explanation = _explanation(diagnosis.fault, rules)
     argv, source = (command, "--command") if command is not None else (scan.command, "log")
-    if argv is None and scan.stopped_early and path is not None:
-        with contextlib.suppress(OSError):
-            argv = find_command_near_end(path)
     plan = None
     if argv is not None:
         try:
@@ -198,8 +193,8 @@ def diagnose_path(path: str, rules: Sequence[FaultRule], command: list[str] | No
                   allow_upgrade: bool = True) -> Diagnosis:
     """Diagnose a file, or stdin for ``-``.  Raises OSError when the input cannot be read."""
     if path == "-":
-        return diagnose_scan("-", scan_log(sys.stdin.buffer, rules), rules, command, None, allow_upgrade)
-    return diagnose_scan(path, scan_file(path, rules), rules, command, path, allow_upgrade)
+        return diagnose_scan("-", scan_log(sys.stdin.buffer, rules), rules, command, allow_upgrade)
+    return diagnose_scan(path, scan_file(path, rules), rules, command, allow_upgrade)
 
 
 def format_text(d: Diagnosis) -> str:

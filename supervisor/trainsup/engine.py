@@ -114,6 +114,7 @@ class Supervisor:
         self.plan = p.plan
         self.live = LiveInputs(self.plan, self.spec.cwd, self.run_dir, self.policy, self.spec.policy_path,
                                self.journal, self.say)
+        self.plan.user_dataset, self.plan.dataset_doc = self.live.dataset_src, self.live.dataset_doc
         self.stop_at_checkpoint = False
         self.watcher = FileWatcher(lambda path, kind: self.events.put(("file_changed", (path, kind))),
                                    self.policy.debounce_s)
@@ -170,7 +171,7 @@ class Supervisor:
             cmd.remove("initial_step")
         try:
             self.live.before_launch(attempt, launch)
-            launch.write_derived_config(self.run_dir, attempt)
+            launch.write_derived_configs(self.run_dir, attempt)
         except OSError as exc:
             # Never launch without the frozen copies; nothing of the user's has been touched.
             fault = "disk_full" if exc.errno == errno.ENOSPC else "config_error"
@@ -262,7 +263,8 @@ class Supervisor:
 
     def _on_file_changed(self, change: tuple[Path, str]) -> None:
         action = self.live.on_change(*change)
-        self.plan.config_doc = self.live.config_doc  # remedies read the accepted config
+        # remedies read the accepted configs
+        self.plan.config_doc, self.plan.dataset_doc = self.live.config_doc, self.live.dataset_doc
         if action == "policy":
             self.policy = self.live.policy
             self.rules = compose_rules(self.policy.rules)

@@ -2,10 +2,21 @@
 
 ``FaultScanner.feed`` sees every output line of an attempt (stdout and stderr
 interleaved, split on ``\\n`` and ``\\r``) and reports new evidence at once, so the
-supervisor can journal it or act on live faults while the child still runs.  The
-verdict is the first root-strength evidence: launcher noise that follows the real
-traceback (accelerate's ``CalledProcessError``, torchrun's ``ChildFailedError``)
-never overrides it.  ``classify_exit`` combines the verdict with the exit status.
+supervisor can journal it or act on live faults while the child still runs.
+
+Evidence explains a failure; it never invents one.  The verdict is the line that
+ended the run, in this order of preference:
+1. the exception line of a traceback (frames in sight: *anchored*), the first one,
+   so launcher noise after the trainer's traceback and a chained exception never
+   override the root cause;
+2. a live fault (NaN loss: the trainer does not stop by itself);
+3. of all other evidence, the *last* line: an argparse error or the launcher's
+   report of a SIGKILL just before the end explains it better than a warning
+   printed at import.
+Evidence followed by a trained step (the ``steps`` bar moved past where it was) did
+not end the run and is dropped, whatever it mentions; live evidence stays.  ``classify_exit``
+combines the verdict with the exit status: a run that exits 0 with kohya's success
+marker has finished, whatever it printed on the way.
 
 Cost: nearly every line is a progress bar or an info log, and those must cost a
 few microseconds at most.  Only lines holding one of the literal keys derived from
@@ -19,12 +30,13 @@ import itertools
 import re
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .fault_keys import KeyIndex
 from .fault_keys import is_folded as _folded
 from .fault_rules import BUILTIN_RULES, IGNORED_LINE_PATTERNS, FaultRule, compose_rules, load_user_rules
 from .linetext import bar_tail, clean_line, rank_tag, starts_record, strip_ansi
+from .matchers import parse_progress
 
 __all__ = [
     "Evidence",
@@ -66,6 +78,8 @@ class Evidence:
     line: str
     lineno: int
     strength: str
+    anchored: bool = False  # the exception line of a traceback (frames in sight)
+    live: bool = False  # the rule asks for action while the child runs (NaN loss)
 
 
 @dataclass(frozen=True)
@@ -106,15 +120,28 @@ class FaultScanner:
         self._key_row = -1
         self._frames: dict[str, tuple[int, list[str]]] = {}
         self._seen: dict[str, Evidence] = {}
-        self._root: Evidence | None = None
-        self._weak: Evidence | None = None
+        self._live_ids = frozenset(r.id for r in self._rules if r.live)
+        # The candidates for the verdict, one per kind (see the module doc), each with
+        # the training bar that was newest when it was seen.
+        self._held: dict[str, tuple[Evidence, str | None]] = {}
+        self._bar: str | None = None  # the newest ``steps`` bar seen
         self._child: tuple[int | None, int | None] | None = None
         self._known: dict[str, tuple[str, bool, bool]] = {}  # see _prepare
 
     @property
     def verdict(self) -> Evidence | None:
-        """The root cause so far: the first root evidence, else the first weak one."""
-        return self._root if self._root is not None else self._weak
+        """What ended the run, so far (see the module doc for the order of preference)."""
+        self._drop_outlived()
+        for kind in _PREFERENCE:
+            held = self._held.get(kind)
+            if held is not None:
+                return held[0]
+        return None
+
+    def note_bar(self, line: str) -> None:
+        """Tell the scanner of a training bar it was not fed (a plain redraw): evidence seen
+        before the bar moves on did not end the run."""
+        self._bar = line
 
     @property
     def evidence(self) -> tuple[Evidence, ...]:
@@ -153,7 +180,11 @@ class FaultScanner:
             else:
                 rows.clear()
             return None
-        tail = bar_tail(text) if "%|" in text else None
+        tail = None
+        if "%|" in text:
+            if "steps:" in text:
+                self._bar = text
+            tail = bar_tail(text)
         ev, structural = self._scan(text, raw_line, lineno) if hit else (None, False)
         if rows and ev is None and not structural and tail is None and len(text) <= _MAX_ROW:
             ev = self._scan_joined(text, raw_line, lineno)
@@ -207,7 +238,22 @@ class FaultScanner:
         if self._is_source_line(raw, text, lineno):
             return None, True  # a traceback quoting code; its exception line follows
         found = self._match(text, raw, lineno, candidates)
-        return (None if found is None else Evidence(found[0].id, raw, lineno, found[0].strength)), structural
+        if found is None:
+            return None, structural
+        return Evidence(found[0].id, raw, lineno, found[0].strength, self._in_traceback(raw, lineno)), structural
+
+    def _in_traceback(self, raw: str, lineno: int) -> bool:
+        """Whether a line at ``lineno`` may be the exception line of a traceback in sight
+        (one cut off after its header counts: it shows what ended the run)."""
+        last = self._frames.get(rank_tag(raw))
+        return last is not None and lineno - last[0] <= _FRAME_STALE_LINES
+
+    def _frames_in_sight(self, raw: str, lineno: int) -> list[str] | None:
+        """The frames of the traceback a line at ``lineno`` may end, if one is in sight."""
+        last = self._frames.get(rank_tag(raw))
+        if last is None or not last[1] or lineno - last[0] > _FRAME_STALE_LINES:
+            return None
+        return last[1]
 
     def _is_source_line(self, raw: str, text: str, lineno: int) -> bool:
         """Whether ``text`` is the code line Python prints under a traceback frame.
@@ -216,8 +262,7 @@ class FaultScanner:
         but the evidence is the exception line; code lines are indented by four
         spaces (after any prefix) and follow a frame, exception lines are not.
         """
-        last = self._frames.get(rank_tag(raw))
-        if last is None or not last[1] or lineno - last[0] > _FRAME_STALE_LINES:
+        if self._frames_in_sight(raw, lineno) is None:
             return False
         plain = strip_ansi(raw)
         at = plain.find(text)
@@ -241,7 +286,9 @@ class FaultScanner:
             if found is not None:
                 first = max(i for i, s in enumerate(starts) if s <= found[1])
                 line = "\n".join([r[1] for r in rows[first:]] + [raw])
-                return Evidence(found[0].id, line, rows[first][2], found[0].strength)
+                start = rows[first][2]
+                return Evidence(found[0].id, line, start, found[0].strength,
+                                self._in_traceback(rows[first][1], start))
         return None
 
     def _match(self, text: str, raw: str, lineno: int, candidates: list[int],
@@ -272,8 +319,8 @@ class FaultScanner:
         require, exclude = self._frames_require[i], self._frames_exclude[i]
         if not require and not exclude:
             return True
-        last, frames = self._frames.get(rank_tag(raw), (0, []))
-        if not frames or lineno - last > _FRAME_STALE_LINES:
+        frames = self._frames_in_sight(raw, lineno)
+        if frames is None:
             return True  # no traceback in sight: the message alone decides
         for frame in reversed(frames):  # innermost first
             if any(x.search(frame) for x in exclude):
@@ -283,15 +330,40 @@ class FaultScanner:
         return not require  # frames in sight, none of the kind the rule requires
 
     def _record(self, ev: Evidence | None) -> Evidence | None:
-        if ev is None or ev.fault in self._seen:
+        if ev is None:
+            return None
+        if ev.fault in self._live_ids:
+            ev = replace(ev, live=True)
+            kind = "live"
+        else:
+            kind = "anchored" if ev.anchored and ev.strength == "root" else "last"
+        self._drop_outlived()
+        if kind == "last" or kind not in self._held:
+            self._held[kind] = (ev, self._bar)
+        if ev.fault in self._seen:
             return None
         self._seen[ev.fault] = ev
-        if ev.strength == "root":
-            if self._root is None:
-                self._root = ev
-        elif self._weak is None:
-            self._weak = ev
         return ev
+
+    def _drop_outlived(self) -> None:
+        """Forget held evidence that training progress followed: it did not end the run."""
+        bar = self._bar
+        if bar is None or not self._held:
+            return
+        now = _bar_step(bar)
+        for kind, (_, then) in list(self._held.items()):
+            if kind != "live" and then is not bar and now > _bar_step(then):
+                del self._held[kind]
+
+
+_PREFERENCE = ("anchored", "live", "last")
+
+
+def _bar_step(bar: str | None) -> int:
+    """The step a training bar shows; 0 before the first bar (tqdm may draw its 0/N bar only
+    when it is closed, after the traceback) and for a bar that does not parse."""
+    progress = parse_progress(bar) if bar is not None else None
+    return 0 if progress is None else progress.step
 
 
 def classify_text(lines: Iterable[str], rules: Sequence[FaultRule] = BUILTIN_RULES) -> Evidence | None:
@@ -308,20 +380,28 @@ def classify_text(lines: Iterable[str], rules: Sequence[FaultRule] = BUILTIN_RUL
 def classify_exit(info: ExitInfo, verdict: Evidence | None) -> str | None:
     """The fault id of a finished attempt, or None for a clean finish.
 
-    Evidence from the output wins; then a SIGKILL of the process or of the real child
-    behind accelerate (which exits 1 and only prints the child's fate) means the host
-    OOM killer; any other failure is ``unknown``.  Exit 0 is clean only with the
-    success marker (``model saved.``): sd-scripts exits 0 after "No data found".
+    A run that exited 0 with the success marker (``model saved.``) has finished, whatever
+    it printed on the way; only a live fault (NaN loss) still counts.  Otherwise the
+    trainer's exception and live evidence win; then a SIGKILL of the process or of the
+    real child behind accelerate (which exits 1 and only prints the child's fate) means
+    the host OOM killer, over any line printed before it; then other evidence; any other
+    failure is ``unknown``.  Exit 0 is clean only with the success
+    marker: sd-scripts exits 0 after "No data found".
     """
-    if verdict is not None:
+    if exited_cleanly(info):
+        return verdict.fault if verdict is not None and verdict.live else None
+    killed = info.signal == 9 or info.exit_code in (137, -9) or info.child_signal == 9 or info.child_status in (137, -9)
+    if verdict is not None and (verdict.anchored or verdict.live or not killed):
         return verdict.fault
-    if info.signal == 9 or info.exit_code in (137, -9) or info.child_signal == 9 or info.child_status in (137, -9):
-        return "host_oom_killed"
-    if info.signal is not None or info.exit_code != 0:
-        return "unknown"
-    if info.child_signal is not None or info.child_status not in (None, 0):
-        return "unknown"
-    return None if info.success_marker_seen else "unknown"
+    if killed:
+        return "host_oom_killed"  # the kill ended the run, whatever was printed before it
+    return "unknown"  # any other failure, or exit 0 without the success marker
+
+
+def exited_cleanly(info: ExitInfo) -> bool:
+    """Exit 0 (and a clean child behind the launcher, if it said) with the success marker."""
+    return (info.success_marker_seen and info.signal is None and info.exit_code == 0
+            and info.child_signal is None and info.child_status in (None, 0))
 
 
 def parse_child_status(clean_line: str) -> tuple[int | None, int | None] | None:

@@ -14,11 +14,10 @@ import re
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from . import tomlio
 from .caches import LATENT_KEYS, CacheManifest, Subset, set_aside, stale_caches
-from .fsutil import atomic_write_text
 from .journal import Journal
 from .plan import LaunchPlan
 from .policy import Policy, PolicyError, load_policy
@@ -63,7 +62,7 @@ class LiveInputs:
         self.config_src = plan.user_config
         self.config_doc = plan.config_doc
         self.dataset_src = _resolve(plan.value("dataset_config"), cwd)
-        self.dataset_doc: dict[str, Any] | None = None
+        self.dataset_doc: tomlio.TomlDoc | None = None
         if self.dataset_src is not None:
             try:
                 self.dataset_doc = tomlio.read_toml(self.dataset_src)
@@ -117,17 +116,12 @@ class LiveInputs:
         info = launch.info
         self.te_cached = info.kind == "dit" and (launch.effective("cache_text_encoder_outputs")
                                                   or launch.effective("cache_text_encoder_outputs_to_disk"))
-        launch.config_doc = self.config_doc
+        launch.config_doc, launch.dataset_doc = self.config_doc, self.dataset_doc  # the accepted content
         if self.prompt_src is not None and self.prompt_bytes is not None and self.policy.snapshot_prompts:
             self.snapshot = self.run_dir / "prompts" / f"attempt-{attempt}{self.prompt_src.suffix}"
             self.snapshot.parent.mkdir(parents=True, exist_ok=True)
             self.snapshot.write_bytes(self.prompt_bytes)
             launch.command.set("sample_prompts", str(self.snapshot))
-        if self.dataset_src is not None and self.dataset_doc is not None:
-            derived = self.run_dir / "derived" / f"attempt-{attempt}.dataset.toml"
-            atomic_write_text(derived, f"# derived by trainsup from {self.dataset_src}\n"
-                              + tomlio.dumps(self.dataset_doc))
-            launch.command.set("dataset_config", str(derived))
         latent_settings = {k: launch.value(k) for k in LATENT_KEYS}
         latent_settings.update(_collect(self.dataset_doc, LATENT_KEYS, "dataset."))
         stale = stale_caches(self.subsets(), self.manifest, latent_settings, time.time())
@@ -200,7 +194,7 @@ class LiveInputs:
         except tomlio.ConfigFileError as exc:
             m = re.search(r"line (\d+)", str(exc))
             return self._reject(path, str(exc), int(m.group(1)) if m else None)
-        old = (self.dataset_doc if dataset else self.config_doc) or {}
+        old: dict[str, object] = (self.dataset_doc if dataset else self.config_doc) or {}
         old_flat, new_flat = tomlio.flat_keys(old), tomlio.flat_keys(new)
         changed = sorted(k for k in set(old_flat) | set(new_flat) if old_flat.get(k) != new_flat.get(k))
         if not changed and old == new:

@@ -11,11 +11,12 @@ redraw overwrote was a progress bar (logging, print and tracebacks end with ``\\
 what makes multi-GB logs cheap: a training bar redrawn a million times costs one line.  A NaN
 loss is not lost by it either: kohya's running average stays NaN once it is.  A file whose first
 MiB holds ``\\r`` but no ``\\n`` is taken for ``\\r``-terminated (old Mac style) and every
-``\\r`` then ends a line.  As in the live supervisor, a plain ``steps`` bar (ending in ``]``,
-without ``nan``) is not fed to the scanner.
+``\\r`` then ends a line.  As in the live supervisor, plain ``steps`` bars (ending in ``]``,
+without ``nan``) are not scanned; the scanner only hears of the newest one before each line it
+reads, which is all it needs to know that training went on after some evidence.
 
 Line numbers are the ones editors, ``sed -n Np`` and ``grep -n`` give: ``\\n`` starts a line.
-The first root evidence decides the verdict, so reading stops there.
+The whole log is read: evidence early in a log is dropped when training went on after it.
 
 The log may also show the trainer's command line, which a diagnosis can then correct.  kohya's
 scripts do not echo their argv, but what launched them often does: GUIs and wrappers print
@@ -47,8 +48,8 @@ from .faults import Evidence, FaultScanner
 from .linetext import clean_line
 from .splitter import DEFAULT_MAX_LINE, LineSplitter
 
-__all__ = ["CHUNK_SIZE", "PARALLEL_MIN", "CommandFinder", "LogScan", "command_from_line", "find_command_near_end",
-           "scan_file", "scan_log", "terminal_lines"]
+__all__ = ["CHUNK_SIZE", "PARALLEL_MIN", "CommandFinder", "LogScan", "command_from_line", "scan_file", "scan_log",
+           "terminal_lines"]
 
 CHUNK_SIZE = 1 << 20
 _DETECT = 1 << 20  # a file whose first MiB has \r but no \n ends its lines with \r
@@ -133,9 +134,9 @@ class LogScan:
     """What one log says: the scanner's verdict and the signs around it."""
 
     verdict: Evidence | None
-    lines: int  # lines read (up to the verdict when reading stopped there)
-    stopped_early: bool  # root evidence decided the verdict before the end of the file
-    failed: bool  # the run visibly failed: root evidence, the launcher said so, or a traceback ended it
+    lines: int  # lines read
+    failed: bool  # the run visibly failed: root evidence after any success, the launcher said so,
+    #               or a traceback ended it
     success: bool  # kohya's "model saved." with no failure after it
     command: list[str] | None  # the trainer's command line, when the log shows it
 
@@ -205,6 +206,7 @@ class _Selector:
         self.lineno = 0
         self.last_traceback = self.last_progress = self.last_success = 0
         self.finder = CommandFinder()
+        self._bar: tuple[int, bytes] | None = None  # the newest plain bar not yet handed on
 
     def select(self, batch: list[bytes]) -> list[tuple[int, str]]:
         out = []
@@ -219,7 +221,12 @@ class _Selector:
             if b"steps:" in raw:
                 self.last_progress = lineno
                 if raw.endswith(b"]") and b"nan" not in raw:
-                    continue  # a plain bar redraw carries no fault evidence (as in the live supervisor)
+                    # A plain bar redraw carries no fault evidence (as in the live supervisor); the
+                    # newest one before the next line read goes along, as a BAR line.
+                    self._bar = (lineno, raw)
+                    continue
+            if self._bar is not None:
+                out.append(self._bar_line())
             if len(raw) > self.max_line:
                 raw = raw[:self.max_line]
             text = raw.decode("utf-8", "replace")  # as LineSplitter decodes: garbage never stops us
@@ -232,6 +239,16 @@ class _Selector:
             out.append((lineno, text))
         self.lineno = lineno
         return out
+
+    def finish(self) -> list[tuple[int, str]]:
+        """What is still held at the end of the file: the last plain bar."""
+        return [] if self._bar is None else [self._bar_line()]
+
+    def _bar_line(self) -> tuple[int, str]:
+        assert self._bar is not None
+        lineno, raw = self._bar
+        self._bar = None
+        return -lineno, raw[:self.max_line].decode("utf-8", "replace")
 
 
 @dataclass
@@ -252,31 +269,26 @@ class _Signs:
 
 
 class _Verdict:
-    """The scanner side: feeds selected lines until the first root evidence."""
+    """The scanner side: feeds the selected lines (a negative line number marks a plain bar)."""
 
     def __init__(self, rules: Sequence[FaultRule]) -> None:
         self.scanner = FaultScanner(rules)
-        self.stopped_at: int | None = None
 
-    def feed(self, lines: list[tuple[int, str]]) -> bool:
-        """Feed lines; True once the verdict is final (the first root evidence: nothing later
-        can change it, so reading stops there)."""
-        feed, scanner = self.scanner.feed, self.scanner
+    def feed(self, lines: list[tuple[int, str]]) -> None:
+        feed, note_bar = self.scanner.feed, self.scanner.note_bar
         for lineno, text in lines:
-            if feed(text, lineno) is not None:
-                verdict = scanner.verdict
-                if verdict is not None and verdict.strength == "root":
-                    self.stopped_at = lineno
-                    return True
-        return False
+            if lineno < 0:
+                note_bar(text)
+            else:
+                feed(text, lineno)
 
     def result(self, signs: _Signs) -> LogScan:
         status = self.scanner.child_status
         launcher_failed = status is not None and (status[1] is not None or status[0] not in (None, 0))
-        failed = (self.stopped_at is not None or launcher_failed
-                  or signs.last_traceback > max(signs.last_progress, signs.last_success))
-        return LogScan(self.scanner.verdict, self.stopped_at or signs.lineno, self.stopped_at is not None,
-                       failed, signs.last_success > 0 and not failed, signs.command)
+        verdict = self.scanner.verdict
+        failed = (launcher_failed or signs.last_traceback > max(signs.last_progress, signs.last_success)
+                  or (verdict is not None and verdict.strength == "root" and verdict.lineno > signs.last_success))
+        return LogScan(verdict, signs.lineno, failed, signs.last_success > 0 and not failed, signs.command)
 
 
 def scan_log(fh: BinaryIO, rules: Sequence[FaultRule] = BUILTIN_RULES,
@@ -285,8 +297,8 @@ def scan_log(fh: BinaryIO, rules: Sequence[FaultRule] = BUILTIN_RULES,
     verdict = _Verdict(rules)
     selector = _Selector(DEFAULT_MAX_LINE)
     for batch in _batches(fh, DEFAULT_MAX_LINE, chunk_size):
-        if verdict.feed(selector.select(batch)):
-            break
+        verdict.feed(selector.select(batch))
+    verdict.feed(selector.finish())
     return verdict.result(_Signs.of(selector))
 
 
@@ -325,8 +337,7 @@ def scan_file(path: str, rules: Sequence[FaultRule] = BUILTIN_RULES, chunk_size:
             except EOFError:
                 raise OSError(f"{path}: the reader process ended unexpectedly") from None
             if kind == "lines":
-                if verdict.feed(payload):
-                    break
+                verdict.feed(payload)
             elif kind == "command":
                 signs.command = payload
             elif kind == "end":
@@ -338,7 +349,7 @@ def scan_file(path: str, rules: Sequence[FaultRule] = BUILTIN_RULES, chunk_size:
     finally:
         receive.close()
         if reader.is_alive():
-            reader.terminate()  # stopped early: the rest of the file is not needed
+            reader.terminate()  # this side failed: the rest of the file is not needed
         reader.join()
     return verdict.result(signs)
 
@@ -355,6 +366,7 @@ def _select_file(path: str, send: Connection, chunk_size: int) -> None:
                     command = selector.finder.command
                     send.send(("command", command))
                 send.send(("lines", lines))
+            send.send(("lines", selector.finish()))
         send.send(("end", (selector.lineno, selector.last_traceback, selector.last_progress,
                            selector.last_success)))
     except OSError as exc:
@@ -362,16 +374,3 @@ def _select_file(path: str, send: Connection, chunk_size: int) -> None:
             send.send(("error", f"{path}: {exc.strerror or exc}"))
     finally:
         send.close()
-
-
-def find_command_near_end(path: str, window: int = 256 * 1024) -> list[str] | None:
-    """The command line shown in the last ``window`` bytes of a log file (launcher noise such
-    as accelerate's ``CalledProcessError`` names the trainer's command)."""
-    finder = CommandFinder()
-    with open(path, "rb") as fh:
-        fh.seek(max(0, os.fstat(fh.fileno()).st_size - window))
-        for _, raw in terminal_lines(fh):
-            text = _decode(raw)
-            if finder.gate(text):
-                finder.offer(text)
-    return finder.command

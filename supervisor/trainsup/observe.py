@@ -76,7 +76,10 @@ class OutputParser:
             if "steps:" in line:
                 newest_bar = line
                 if line.endswith("]") and "nan" not in line:
-                    continue  # a plain bar redraw carries no fault evidence; only the newest is parsed
+                    # A plain bar redraw carries no fault evidence; only the newest is parsed. The
+                    # scanner still hears of it: evidence that training outlived did not end the run.
+                    self.scanner.note_bar(line)
+                    continue
             elif _BOOKKEEPING.search(line):
                 self._bookkeeping(clean_line(line))
             evidence = self.scanner.feed(line, self.obs.lines)

@@ -1,21 +1,22 @@
 """Owns the launch plan: the trainer command and environment for the next attempt, and edits to it.
 
 Applies remedy actions knowing which flags take values and which exist in which script. A flag
-inside ``--config_file`` is removed by writing a derived TOML into the run directory (the user's
-file is never touched) and pointing ``--config_file`` at it.
+inside ``--config_file`` (or a key of ``--dataset_config``) is removed by writing a derived TOML into
+the run directory (the user's file is never touched) and pointing the trainer at it. A dataset's
+``batch_size`` overrides ``--train_batch_size``, so halving the batch halves it there too.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from . import tomlio
 from .cmdline import TrainerCommand
 from .fsutil import atomic_write_text
 from .profile import ScriptInfo, script_info, takes_value
 from .remedies import Action, Rung
+from .tomlio import TomlDoc
 
 
 @dataclass
@@ -24,7 +25,11 @@ class LaunchPlan:
     env: dict[str, str] = field(default_factory=dict)  # overrides on top of the inherited environment
     config_overlay_removed: set[str] = field(default_factory=set)  # keys dropped from --config_file
     user_config: Path | None = None  # the user's own --config_file, never modified
-    config_doc: dict[str, Any] | None = None  # its accepted content: what every launch gets a copy of
+    config_doc: TomlDoc | None = None  # its accepted content: what every launch gets a copy of
+    user_dataset: Path | None = None  # the user's own --dataset_config, never modified
+    dataset_doc: TomlDoc | None = None  # its accepted content
+    dataset_removed: set[str] = field(default_factory=set)  # keys dropped from --dataset_config
+    dataset_batch_divisor: int = 1  # every dataset's batch_size is divided by this (at least 1)
 
     @property
     def info(self) -> ScriptInfo:
@@ -32,7 +37,8 @@ class LaunchPlan:
 
     def copy(self) -> LaunchPlan:
         return LaunchPlan(self.command.copy(), dict(self.env), set(self.config_overlay_removed),
-                          self.user_config, self.config_doc)
+                          self.user_config, self.config_doc, self.user_dataset, self.dataset_doc,
+                          set(self.dataset_removed), self.dataset_batch_divisor)
 
     def config_value(self, name: str) -> object | None:
         """The value kohya would see for a key of the --config_file (after our removals)."""
@@ -49,18 +55,35 @@ class LaunchPlan:
         v = self.command.get(name)
         return v if v is not None else self.config_value(name)
 
-    def write_derived_config(self, run_dir: Path, attempt: int) -> None:
-        """Give the launch its own frozen copy of the accepted --config_file, minus removed keys.
+    def dataset_batch_sizes(self) -> list[int]:
+        """The ``batch_size`` values the dataset config sets (they override --train_batch_size)."""
+        if self.dataset_doc is None:
+            return []
+        return [v for v in tomlio.values_of(self.dataset_doc, "batch_size") if isinstance(v, int)]
 
-        The user may edit their file while the run trains; the trainer only ever reads this copy,
-        so an edit reaches it when trainsup has accepted it (see ``live``).
+    def write_derived_configs(self, run_dir: Path, attempt: int) -> None:
+        """Give the launch its own frozen copies of the accepted --config_file and --dataset_config,
+        minus removed keys.
+
+        The user may edit their files while the run trains; the trainer only ever reads these
+        copies, so an edit reaches it when trainsup has accepted it (see ``live``).
         """
-        if self.user_config is None or self.config_doc is None:
-            return
-        derived, _ = tomlio.without_keys(self.config_doc, self.config_overlay_removed)
-        path = run_dir / "derived" / f"attempt-{attempt}.config.toml"
-        atomic_write_text(path, f"# derived by trainsup from {self.user_config}\n" + tomlio.dumps(derived))
-        self.command.set("config_file", str(path))
+        if self.user_config is not None and self.config_doc is not None:
+            path = run_dir / "derived" / f"attempt-{attempt}.config.toml"
+            atomic_write_text(path, _header(self.user_config)
+                              + tomlio.derive(self.config_doc, self.config_overlay_removed))
+            self.command.set("config_file", str(path))
+        if self.user_dataset is not None and self.dataset_doc is not None:
+            divisor = self.dataset_batch_divisor
+            edits = {"batch_size": lambda v: max(1, int(v) // divisor)} if divisor > 1 else None
+            path = run_dir / "derived" / f"attempt-{attempt}.dataset.toml"
+            atomic_write_text(path, _header(self.user_dataset)
+                              + tomlio.derive(self.dataset_doc, self.dataset_removed, edits))
+            self.command.set("dataset_config", str(path))
+
+
+def _header(source: Path) -> str:
+    return f"# derived by trainsup from {source}\n"
 
 
 def apply_action(plan: LaunchPlan, action: Action) -> str | None:
@@ -82,9 +105,16 @@ def apply_action(plan: LaunchPlan, action: Action) -> str | None:
         return action.describe() + extra
     if action.kind == "remove_flag":
         changed = cmd.remove(action.name)
+        where = []
         if plan.config_value(action.name) not in (None, False):
             plan.config_overlay_removed.add(action.name)
-            return f"remove --{action.name} (set in {plan.user_config}; a derived copy drops it)"
+            where.append(str(plan.user_config))
+        if (plan.dataset_doc is not None and action.name not in plan.dataset_removed
+                and action.name in tomlio.keys_anywhere(plan.dataset_doc)):
+            plan.dataset_removed.add(action.name)
+            where.append(str(plan.user_dataset))
+        if where:
+            return f"remove --{action.name} (set in {' and '.join(where)}; a derived copy drops it)"
         return action.describe() if changed else None
     if action.kind == "set_env":
         if plan.env.get(action.name) == action.value:
@@ -93,12 +123,20 @@ def apply_action(plan: LaunchPlan, action: Action) -> str | None:
         return action.describe()
     if action.kind == "halve_batch":
         batch = cmd.get_int("train_batch_size") or 1
-        if batch <= 1:
+        # A dataset's own batch_size wins over the flag: halve it there (in the derived copy).
+        dataset_batches = [max(1, b // plan.dataset_batch_divisor) for b in plan.dataset_batch_sizes()]
+        if batch <= 1 and not any(b > 1 for b in dataset_batches):
             return None
         accum = cmd.get_int("gradient_accumulation_steps") or 1
-        cmd.set("train_batch_size", str(batch // 2))
+        done = []
+        if batch > 1:
+            cmd.set("train_batch_size", str(batch // 2))
+            done.append(f"--train_batch_size {batch // 2}")
+        if any(b > 1 for b in dataset_batches):
+            plan.dataset_batch_divisor *= 2
+            done.append(f"batch_size halved in a derived copy of {plan.user_dataset}")
         cmd.set("gradient_accumulation_steps", str(accum * 2))
-        return f"--train_batch_size {batch // 2} --gradient_accumulation_steps {accum * 2}"
+        return ", ".join(done) + f", --gradient_accumulation_steps {accum * 2}"
     if action.kind == "lower_workers":
         current = cmd.get_int("max_data_loader_n_workers")
         current = 8 if current is None else current  # kohya's default

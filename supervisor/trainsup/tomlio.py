@@ -1,36 +1,62 @@
-"""Owns reading kohya TOML configs and writing derived copies (never the user's file).
+"""Owns reading kohya TOML configs and writing derived copies of them (never the user's file).
 
-kohya flattens ``--config_file`` sections, so a key may sit in any table. A flag set ``true`` there
-cannot be switched off from the command line; removing it means writing a derived TOML into the run
-directory and pointing ``--config_file`` at it. The writer covers what kohya configs hold: tables of
-strings, numbers, booleans and flat arrays of those.
+kohya flattens ``--config_file`` sections, so a key may sit in any table; a ``--dataset_config``
+nests ``[[datasets]]`` and ``[[datasets.subsets]]`` arrays of tables. A flag set ``true`` in a
+config cannot be switched off from the command line: removing it means writing a derived TOML into
+the run directory and pointing the trainer at it. Values are read with the standard library's
+``tomllib``; derived copies are written with ``tomlkit`` from the text the values were read from,
+so they keep the user's comments, layout and every TOML shape (arrays of tables, inline tables,
+dotted keys, multi-line strings, datetimes), minus exactly the keys a remedy removed.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import tomllib
+from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
+
+import tomlkit
+import tomlkit.exceptions
+from tomlkit.items import Item
 
 
 class ConfigFileError(ValueError):
     pass
 
 
-def read_toml(path: Path) -> dict[str, Any]:
+class TomlDoc(dict[str, Any]):
+    """A TOML file's values (plain Python, as ``tomllib`` reads them) and the text they came from."""
+
+    def __init__(self, values: Mapping[str, Any], source: str) -> None:
+        super().__init__(values)
+        self.source = source
+
+
+def parse_toml(text: str, where: str) -> TomlDoc:
     try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
+        return TomlDoc(tomllib.loads(text), text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigFileError(f"{where}: invalid TOML: {exc}") from None
+
+
+def read_toml(path: Path) -> TomlDoc:
+    try:
+        text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
         raise ConfigFileError(f"{path}: config file not found") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigFileError(f"{path}: invalid TOML: {exc}") from None
+    except IsADirectoryError:
+        raise ConfigFileError(f"{path}: is a directory, not a TOML file") from None
+    except PermissionError:
+        raise ConfigFileError(f"{path}: permission denied") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigFileError(f"{path}: not UTF-8 text (byte {exc.start}): TOML files are UTF-8") from None
+    return parse_toml(text, str(path))
 
 
-def flat_keys(doc: dict[str, Any]) -> dict[str, Any]:
-    """kohya's view: every leaf key, whatever table it sits in (later tables win, like kohya)."""
+def flat_keys(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """kohya's view of a ``--config_file``: every leaf key, whatever table it sits in (later tables
+    win, like kohya)."""
     out: dict[str, Any] = {}
     for key, value in doc.items():
         if isinstance(value, dict):
@@ -40,57 +66,103 @@ def flat_keys(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def without_keys(doc: dict[str, Any], names: set[str]) -> tuple[dict[str, Any], list[str]]:
-    """A copy of ``doc`` with the keys removed from every table, and the dotted paths removed."""
-    removed: list[str] = []
+def keys_anywhere(doc: object) -> set[str]:
+    """Every key of a document, in tables, inline tables and arrays of tables alike."""
+    found: set[str] = set()
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            found.add(key)
+            found |= keys_anywhere(value)
+    elif isinstance(doc, list):
+        for item in doc:
+            found |= keys_anywhere(item)
+    return found
 
-    def walk(table: dict[str, Any], prefix: str) -> dict[str, Any]:
-        kept: dict[str, Any] = {}
-        for key, value in table.items():
-            if isinstance(value, dict):
-                kept[key] = walk(value, f"{prefix}{key}.")
-            elif key in names:
-                removed.append(prefix + key)
+
+def values_of(doc: object, key: str) -> list[Any]:
+    """Every value of ``key``, wherever it sits (each dataset's ``batch_size``, say)."""
+    out: list[Any] = []
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            if k == key and not isinstance(v, (dict, list)):
+                out.append(v)
             else:
-                kept[key] = value
-        return kept
+                out.extend(values_of(v, key))
+    elif isinstance(doc, list):
+        for item in doc:
+            out.extend(values_of(item, key))
+    return out
 
-    return walk(doc, ""), removed
+
+Edit = Callable[[Any], Any]
 
 
-def _scalar(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
-    if isinstance(value, str):
-        # A JSON string literal is a valid TOML basic string for every character JSON escapes.
-        return json.dumps(value, ensure_ascii=False)
+def derive(doc: TomlDoc, remove: set[str] | frozenset[str] = frozenset(),
+           edits: Mapping[str, Edit] | None = None) -> str:
+    """The text of a derived copy of ``doc``: its source with ``remove`` keys dropped from every
+    table and ``edits[key](value)`` replacing every value of an edited key; nothing else changes."""
+    edits = edits or {}
+    if not remove and not edits:
+        return doc.source
+    expected = _edited(without_keys(doc, remove), edits)
+    try:
+        parsed = tomlkit.parse(doc.source)
+        _walk(parsed, remove, edits)
+        text = tomlkit.dumps(parsed)
+        if _pruned(tomllib.loads(text)) == _pruned(expected):
+            return text
+    except (tomlkit.exceptions.TOMLKitError, tomllib.TOMLDecodeError, LookupError, ValueError, TypeError):
+        pass  # tomlkit could not edit this layout in place (it has trouble with some dotted keys)
+    # The values are what the trainer reads: write them plainly, the user's comments aside.
+    return tomlkit.dumps(expected)
+
+
+def _edited(value: Any, edits: Mapping[str, Edit]) -> Any:
+    if isinstance(value, dict):
+        return {k: edits[k](v) if k in edits and not isinstance(v, (dict, list)) else _edited(v, edits)
+                for k, v in value.items()}
     if isinstance(value, list):
-        return "[" + ", ".join(_scalar(v) for v in value) + "]"
-    raise ConfigFileError(f"cannot write a TOML value of type {type(value).__name__}: {value!r}")
+        return [_edited(v, edits) for v in value]
+    return value
 
 
-def dumps(doc: dict[str, Any]) -> str:
-    lines: list[str] = []
+def _pruned(value: Any) -> Any:
+    """A document without empty tables: a table that only dotted keys made vanishes with its last
+    key, and kohya reads no difference."""
+    if isinstance(value, dict):
+        kept = {k: _pruned(v) for k, v in value.items()}
+        return {k: v for k, v in kept.items() if v != {}}
+    if isinstance(value, list):
+        return [_pruned(v) for v in value]
+    return value
 
-    def emit(table: dict[str, Any], path: list[str]) -> None:
-        scalars = [(k, v) for k, v in table.items() if not isinstance(v, dict)]
-        tables = [(k, v) for k, v in table.items() if isinstance(v, dict)]
-        if path and (scalars or not tables):
-            lines.append("[" + ".".join(json.dumps(p) for p in path) + "]")
-        for key, value in scalars:
-            lines.append(f"{json.dumps(key)} = {_scalar(value)}")
-        if scalars:
-            lines.append("")
-        for key, value in tables:
-            emit(value, [*path, key])
 
-    emit(doc, [])
-    return "\n".join(lines).rstrip() + "\n"
+def _walk(node: object, remove: set[str] | frozenset[str], edits: Mapping[str, Edit]) -> None:
+    # tomlkit's tables (documents, [tables], inline tables, the proxies it makes for dotted keys
+    # and tables split across the file) are mappings; arrays and arrays of tables are lists.
+    if isinstance(node, MutableMapping):
+        for key in reversed(list(node.keys())):
+            value = node[key]
+            if key in remove:
+                del node[key]
+            elif key in edits and not isinstance(value, (MutableMapping, list)):
+                node[key] = edits[key](value.unwrap() if isinstance(value, Item) else value)
+            else:
+                _walk(value, remove, edits)
+    elif isinstance(node, list):
+        for item in node:
+            _walk(item, remove, edits)
+
+
+def without_keys(doc: Mapping[str, Any], names: set[str] | frozenset[str]) -> dict[str, Any]:
+    """The values a derived copy holds: ``doc`` without ``names`` in any table (a pure reference
+    for ``derive``, and what kohya will read)."""
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k not in names}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    result: dict[str, Any] = strip(dict(doc))
+    return result

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from trainsup import tomlio
 from trainsup.cmdline import TrainerCommand
 from trainsup.plan import LaunchPlan, apply_action
 from trainsup.profile import parse_state_name, script_info
@@ -32,7 +33,7 @@ def test_set_and_remove_keep_other_flags_in_order() -> None:
 
 
 def _plan(argv: str, config: Path | None = None) -> LaunchPlan:
-    doc = tomllib.loads(config.read_text()) if config else None
+    doc = tomlio.read_toml(config) if config else None
     return LaunchPlan(TrainerCommand.parse(argv.split()), {}, set(), config, doc)
 
 
@@ -60,7 +61,7 @@ def test_removing_a_flag_set_in_the_config_file_writes_a_derived_toml(tmp_path: 
     plan = _plan(f"python train_network.py --config_file {user}", user)
     assert "derived copy" in (apply_action(plan, Action("remove_flag", "cache_latents")) or "")
     assert apply_action(plan, Action("remove_flag", "cache_latents_to_disk")) is not None
-    plan.write_derived_config(tmp_path / "run", 2)
+    plan.write_derived_configs(tmp_path / "run", 2)
     derived = Path(plan.command.get("config_file") or "")
     assert derived.parent == tmp_path / "run" / "derived"
     assert tomllib.loads(derived.read_text()) == {"model": {"network_dim": 4}, "saving": {}}
@@ -82,3 +83,28 @@ def test_state_names() -> None:
     assert parse_state_name("lora-000003-state") == ("lora", "epoch", 3)
     assert parse_state_name("lora-state") == ("lora", "final", None)
     assert parse_state_name("lora.safetensors") is None
+
+
+def test_a_dataset_configs_keys_are_removed_and_its_batch_halved_in_a_derived_copy(tmp_path: Path) -> None:
+    user = tmp_path / "dataset.toml"
+    original = ('# my dataset\n[general]\nshuffle_caption = true  # keep tags shuffled\ncaption_extension = ".txt"\n\n'
+                '[[datasets]]\nresolution = 512\nbatch_size = 4\n\n  [[datasets.subsets]]\n  image_dir = "/img/a"\n'
+                '  shuffle_caption = false\n\n[[datasets]]\nbatch_size = 1\n'
+                '  [[datasets.subsets]]\n  image_dir = "/img/b"\n')
+    user.write_text(original)
+    plan = _plan(f"python train_network.py --dataset_config {user} --train_batch_size 1")
+    plan.user_dataset, plan.dataset_doc = user, tomlio.read_toml(user)
+    assert "derived copy" in (apply_action(plan, Action("remove_flag", "shuffle_caption")) or "")
+    # --train_batch_size is 1 already, but the first dataset's own batch_size (4) is what kohya uses.
+    assert "batch_size halved" in (apply_action(plan, Action("halve_batch")) or "")
+    plan.write_derived_configs(tmp_path / "run", 3)
+    derived = Path(plan.command.get("dataset_config") or "")
+    assert derived == tmp_path / "run" / "derived" / "attempt-3.dataset.toml"
+    text = derived.read_text()
+    assert "# my dataset" in text and "shuffle_caption" not in text  # comments kept, the key gone everywhere
+    assert tomllib.loads(text) == {"general": {"caption_extension": ".txt"}, "datasets": [
+        {"resolution": 512, "batch_size": 2, "subsets": [{"image_dir": "/img/a"}]},
+        {"batch_size": 1, "subsets": [{"image_dir": "/img/b"}]}]}
+    assert user.read_text() == original  # never modified
+    apply_action(plan, Action("halve_batch"))
+    assert apply_action(plan, Action("halve_batch")) is None  # every batch is 1 now

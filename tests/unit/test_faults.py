@@ -329,8 +329,8 @@ def test_classify_text_splits_carriage_returns() -> None:
 
 # --- exit status ----------------------------------------------------------------------
 
-def _ev(fault: str, strength: str = "root") -> Evidence:
-    return Evidence(fault, "x", 1, strength)
+def _ev(fault: str, strength: str = "root", anchored: bool = True) -> Evidence:
+    return Evidence(fault, "x", 1, strength, anchored=anchored, live=fault == "nan_loss")
 
 
 @pytest.mark.parametrize(
@@ -341,6 +341,12 @@ def _ev(fault: str, strength: str = "root") -> Evidence:
         (ExitInfo(0, None, None, None, True), _ev("nan_loss"), "nan_loss"),
         (ExitInfo(1, None, 1, None, False), _ev("cuda_oom"), "cuda_oom"),
         (ExitInfo(1, None, None, 9, False), _ev("cuda_oom"), "cuda_oom"),
+        # A line printed before a kill (no traceback of its own) did not end the run: the kill did.
+        (ExitInfo(1, None, None, 9, False), _ev("missing_dependency", anchored=False), "host_oom_killed"),
+        (ExitInfo(1, None, 2, None, False), _ev("config_error", anchored=False), "config_error"),
+        # A finished run is clean whatever it printed on the way; a live fault still counts.
+        (ExitInfo(0, None, None, None, True), _ev("missing_dependency", anchored=False), None),
+        (ExitInfo(0, None, None, None, True), _ev("cuda_oom"), None),
         (ExitInfo(1, None, None, 9, False), None, "host_oom_killed"),
         (ExitInfo(1, None, 137, None, False), None, "host_oom_killed"),
         (ExitInfo(1, None, -9, None, False), None, "host_oom_killed"),

@@ -37,7 +37,7 @@ def test_each_launch_gets_frozen_copies(tmp_path: Path) -> None:
     _live, launch, _cfg, _prompts, run_dir, _ = setup(tmp_path)
     snapshot = Path(launch.command.get("sample_prompts") or "")
     assert snapshot == run_dir / "prompts" / "attempt-1.txt" and snapshot.read_text() == "a cat\n"
-    launch.write_derived_config(run_dir, 1)
+    launch.write_derived_configs(run_dir, 1)
     assert Path(launch.command.get("config_file") or "").parent == run_dir / "derived"
 
 

@@ -16,6 +16,7 @@ LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 FIXTURES = sorted(LOGS.glob("*.log"))
 BAR = "steps:  {pct:2d}%|██        | {n}/20 [00:04<00:36,  1.52s/it, avr_loss={loss}]"
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 72.00 MiB."
+SIGKILL_NOISE = "subprocess.CalledProcessError: Command '['python', 'train.py']' died with <Signals.SIGKILL: 9>."
 
 
 def lines_of(data: bytes, **kw: int) -> list[tuple[int, bytes]]:
@@ -72,13 +73,28 @@ def test_every_fixture_gets_the_live_scanners_verdict_with_its_editor_line(path:
         assert first_row in strip_ansi(editor_lines[scan.verdict.lineno - 1])
 
 
-def test_reading_stops_at_the_first_root_evidence() -> None:
+def test_the_whole_log_is_read_and_the_trainers_exception_stays_the_verdict() -> None:
     log = "epoch 1/1\nTraceback (most recent call last):\n" + OOM + "\n" + "more output\n" * 1000
     scan = scan_log(io.BytesIO(log.encode()))
-    assert scan.verdict is not None and scan.verdict.lineno == 3
-    assert scan.stopped_early and scan.lines == 3
+    assert scan.verdict is not None and scan.verdict.lineno == 3 and scan.lines == 1003 and scan.failed
     weak = scan_log(io.BytesIO(b"Killed\nlater line\n"))
-    assert weak.verdict is not None and weak.verdict.fault == "host_oom_killed" and not weak.stopped_early
+    assert weak.verdict is not None and weak.verdict.fault == "host_oom_killed"
+
+
+def test_a_warning_that_training_outlived_is_no_verdict() -> None:
+    warning = ("Failed to load CPU gemm_4bit_forward from kernels-community: No module named 'kernels'. "
+               "Please make sure you already `pip install kernels`")
+    trained = (warning + "\n" + bars(3) + "\n" + "model saved.\n").encode()
+    scan = scan_log(io.BytesIO(trained))
+    assert scan.verdict is None and scan.success and not scan.failed
+    # Killed after training started: the launcher's report, not the warning, ended the run.
+    killed = (warning + "\n" + bars(3) + "\n" + SIGKILL_NOISE + "\n").encode()
+    scan = scan_log(io.BytesIO(killed))
+    assert scan.verdict is not None and scan.verdict.fault == "host_oom_killed" and scan.failed
+    # Before the first trained step the warning is held, but a later error line explains the end.
+    refused = (warning + "\ntrain_network.py: error: unrecognized arguments: --cache_text_encoder_outputs\n").encode()
+    scan = scan_log(io.BytesIO(refused))
+    assert scan.verdict is not None and scan.verdict.fault == "config_error"
 
 
 def test_a_nan_loss_in_the_final_redraw_is_found() -> None:
@@ -136,7 +152,7 @@ def test_a_second_process_reading_a_big_file_changes_nothing(tmp_path: Path) -> 
     serial = scan_file(str(log), chunk_size=4096, parallel=False)
     parallel = scan_file(str(log), chunk_size=4096, parallel=True)
     assert parallel == serial
-    assert serial.verdict is not None and serial.verdict.fault == "device_mismatch" and serial.stopped_early
+    assert serial.verdict is not None and serial.verdict.fault == "device_mismatch" and serial.failed
     clean = tmp_path / "clean.log"
     clean.write_text("".join(parts[:-3]) + "model saved.\n", encoding="utf-8")
     assert scan_file(str(clean), chunk_size=4096, parallel=True) == scan_file(str(clean), chunk_size=4096,
