@@ -13,6 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from trainsup.demo import envs as demo_envs
+
 ROOT = Path(__file__).resolve().parents[1]
 CHILDREN = Path(__file__).resolve().parent / "children"
 
@@ -40,14 +42,13 @@ def run_trainsup(args: list[str], cwd: Path, timeout: float = 240, env: dict[str
 
 @pytest.fixture(scope="session")
 def old_safetensors_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real venv (sharing this interpreter's torch) whose safetensors is 0.4.1: too old for float8.
+    """A real venv (seeing this environment's packages, torch and trainsup included, whatever the
+    environment is) whose safetensors is 0.4.1: too old for float8.
 
     Built once per session from the package registry; tests that change it work on a copy.
     """
     venv = tmp_path_factory.mktemp("venv041") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                    "safetensors==0.4.1"], check=True, timeout=600, capture_output=True)
+    demo_envs.old_safetensors_venv(venv)
     return venv
 
 

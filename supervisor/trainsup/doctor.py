@@ -114,10 +114,14 @@ def _serializer(view: CommandView, python: str | None, versions: dict[str, str |
     float8 = [f"--{k}" for k, h in view.models.items() if float8_dtypes(h)]
     fp8 = [f"--{k}" for k in ("fp8_base", "fp8_base_unet") if view.on(k)]
     if (float8 or fp8) and at_least(st, (0, 4, 2)) is False:
-        why = f"float8 weights in {', '.join(float8)}" if float8 else f"{fp8[0]}"
-        out.append(Finding("blocker", "fp8_serializer", f"{why} with safetensors {st} in {python}: versions "
-                           "before 0.4.2 cannot save float8 (KeyError: torch.float8_e4m3fn)",
-                           _pip(python, "safetensors>=0.4.2")))
+        if float8:  # the model cannot even be loaded, let alone saved
+            message = (f"float8 weights in {', '.join(float8)} with safetensors {st} in {python}: versions "
+                       "before 0.4.2 cannot even load the model (SafetensorError: Dtype not understood: "
+                       "F8_E4M3) nor save float8 (KeyError: torch.float8_e4m3fn)")
+        else:
+            message = (f"{fp8[0]} with safetensors {st} in {python}: versions before 0.4.2 cannot save "
+                       "float8 (KeyError: torch.float8_e4m3fn)")
+        out.append(Finding("blocker", "fp8_serializer", message, _pip(python, "safetensors>=0.4.2")))
     if view.value("resume") is not None and acc is not None and at_least(acc, (0, 33)) \
             and at_least(st, (0, 4, 3)) is False:
         out.append(Finding("blocker", "resume_serializer", f"--resume with accelerate {acc} needs safetensors "

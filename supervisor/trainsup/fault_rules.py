@@ -135,6 +135,8 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
         id="fp8_serializer",
         patterns=(
             r"KeyError: torch\.float8_e[45]m\d", r"dtype torch\.float8_\w+ (?:is )?not recognized",
+            # the same old safetensors loading a float8 checkpoint
+            r"Dtype not understood: F8_E[45]M\d",
             r"load_model\(\) got an unexpected keyword argument 'device'",
         ),
         explanation="The trainer's safetensors is too old for float8 weights (0.4.2 saves them, 0.4.3 loads "

@@ -161,3 +161,22 @@ def test_fp8_serializer_too_old_to_resume_upgrades_and_resumes_the_newest_state(
 def safetensors_version(python: str) -> str:
     code = "import safetensors; print(safetensors.__version__)"
     return subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_fp8_checkpoint_under_an_old_safetensors_is_fp8_serializer_and_loads_after_the_upgrade(
+        assets: dict[str, Path], tmp_path: Path, old_safetensors_python: str) -> None:
+    # safetensors 0.4.1 cannot even read a float8 checkpoint (`Dtype not understood: F8_E4M3`):
+    # the same cause as the KeyError on save, the same remedy; a plain restart would fail forever.
+    fp8 = ("--fp8_base", "--mixed_precision", "bf16")
+    ref = reference(assets, tmp_path, "flux_train_network", *fp8, model="model_fp8")
+    out = tmp_path / "out"
+    run = supervise(demo_argv("flux_train_network", assets, out, *fp8, model="model_fp8",
+                              python=old_safetensors_python), out, tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    faults = run.of("fault")
+    assert [f["class"] for f in faults] == ["fp8_serializer"]
+    assert "Dtype not understood: F8_E4M3" in faults[0]["evidence"]
+    assert run.of("environment_upgrade")[0]["spec"] == "safetensors>=0.4.2"
+    assert safetensors_version(old_safetensors_python) != "0.4.1"
+    assert run.of("attempt_start")[-1]["resume_from"] is None  # it failed at load: nothing to resume
+    assert_same_weights(out / "lora.safetensors", ref / "lora.safetensors")

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..journal import read_events
+from .envs import old_safetensors_venv
 from .make_assets import make_assets
 
 POLICY = "backoff:\n  initial_s: 0.5\n  max_s: 2\nstop:\n  grace_s: 5\n"
@@ -79,14 +80,8 @@ def _edit_prompts_after_first_state(prompts: Path, text: str) -> EventHook:
 
 
 def _old_safetensors_python(where: Path) -> str | None:
-    venv = where / "venv-safetensors-0.4.1"
     try:
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True,
-                       capture_output=True)
-        py = str(venv / "bin" / "python")
-        subprocess.run([py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                        "safetensors==0.4.1"], check=True, capture_output=True, timeout=300)
-        return py
+        return str(old_safetensors_venv(where / "venv-safetensors-0.4.1"))
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError):
         return None
 
