@@ -92,7 +92,8 @@ def plan_remedy(fault: str, plan: LaunchPlan | None, evidence: str | None = None
         rung = ladder(fault)[0] if fault in NOT_RESTARTABLE else stop("its rule says a restart cannot fix it")
     else:
         # Without a command every rung may apply: say what the first one does.
-        chosen = select_rung(fault, 0, (lambda r: rung_applies(plan, r)) if plan is not None else (lambda r: True))
+        chosen = select_rung(fault, 0, (lambda r: rung_applies(plan, r, evidence)) if plan is not None
+                             else (lambda r: r.fits(evidence)))
         rung = chosen[1] if chosen is not None else None
     if rung is None:
         return Remedy(None, ["stop: no remedy left that changes this command"], None, False)

@@ -136,7 +136,8 @@ class Supervisor:
                 attempt += 1
                 continue
             decision = decide(self.history, outcome, self.policy, self.clock(),
-                              lambda rung: rung_applies(self.plan, rung), stops_at_once(self.rules))
+                              lambda rung, ev=outcome.evidence: rung_applies(self.plan, rung, ev),
+                              stops_at_once(self.rules))
             record(self.history, outcome, decision, self.clock())
             if decision.kind != "restart":
                 return self._end(decision, attempt)

@@ -150,8 +150,11 @@ def apply_action(plan: LaunchPlan, action: Action) -> str | None:
     raise ValueError(f"unknown action kind {action.kind!r}")
 
 
-def rung_applies(plan: LaunchPlan, rung: Rung) -> bool:
-    """Whether a remedy rung would do anything for this command (a dry run on a copy of the plan)."""
+def rung_applies(plan: LaunchPlan, rung: Rung, evidence: str | None = None) -> bool:
+    """Whether a remedy rung would do anything for this command (a dry run on a copy of the plan),
+    and is meant for this evidence (a rung with ``when`` names the wording it answers)."""
+    if not rung.fits(evidence):
+        return False
     trial = plan.copy()
     for action in rung.actions:
         if action.kind in ("restart", "upgrade", "stop"):

@@ -8,6 +8,7 @@ has no such flag) is skipped. Ladders follow the defaults in the project's fault
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -43,6 +44,11 @@ class Action:
 class Rung:
     actions: tuple[Action, ...]
     repeat: bool = False  # stays the current rung when the fault recurs (plain restarts)
+    when: str | None = None  # a regex the evidence must match: the rung answers that wording only
+
+    def fits(self, evidence: str | None) -> bool:
+        """Whether this rung answers the evidence (a rung without ``when`` answers any)."""
+        return self.when is None or (evidence is not None and re.search(self.when, evidence) is not None)
 
     def describe(self) -> str:
         return "; ".join(a.describe() for a in self.actions)
@@ -110,7 +116,10 @@ LADDERS: dict[str, tuple[Rung, ...]] = {
         RESTART,
     ),
     "flag_conflict": (
-        Rung(_flags("remove_flag", "cache_text_encoder_outputs", "cache_text_encoder_outputs_to_disk")),
+        # Drop the caching flag the assertion names; never the augmentation the user asked for.
+        Rung(_flags("remove_flag", "cache_latents", "cache_latents_to_disk"), when=r"(?i)caching latents|latent"),
+        Rung(_flags("remove_flag", "cache_text_encoder_outputs", "cache_text_encoder_outputs_to_disk"),
+             when=r"(?is)^(?!.*latent).*(?:text.?encoder|cach)"),
         stop("the trainer rejects this combination of options"),
     ),
     "fp8_op_unsupported": (

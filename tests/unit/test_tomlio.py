@@ -27,7 +27,7 @@ def _string(value: str, style: int) -> str:
     if style == 1 and "'''" not in value and "\r" not in value and all(c >= " " or c in "\n\t" for c in value) \
             and not value.endswith("'") and "\x7f" not in value:
         return "'''\n" + value + "'''"  # a multi-line literal string
-    return json.dumps(value, ensure_ascii=False)
+    return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")  # TOML forbids a raw DEL
 
 
 def _value(value: Any, style: int) -> str:
