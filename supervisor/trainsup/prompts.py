@@ -3,7 +3,7 @@
 kohya reads ``--sample_prompts`` as ``.txt`` (one prompt a line, options after `` --``: ``--n``
 negative, ``--w``/``--h`` size, ``--d`` seed, ``--s`` steps, ``--l`` CFG scale, ``--ss`` sampler,
 ``--g``/``--f``/``--cn``/``--am`` for some architectures; ``#`` starts a comment line), ``.toml``
-(``[[prompt.subset]]`` tables, or a top-level ``prompt`` list) or ``.json`` (a list of objects).
+(``[[prompt.subset]]`` tables under ``[prompt]``, whose keys they inherit) or ``.json`` (a list of objects).
 An invalid file is rejected with its line, and the run keeps the snapshot it has.
 """
 
@@ -87,9 +87,16 @@ def _from_toml(path: Path, text: str) -> list[str]:
     except tomllib.TOMLDecodeError as exc:
         m = _TOML_LINE.search(str(exc))
         raise PromptError(path, int(m.group(1)) if m else None, f"invalid TOML: {exc}") from None
-    section = doc.get("prompt", doc)
-    entries = section.get("subset", []) if isinstance(section, dict) else section
-    return _entries(path, entries)
+    # kohya reads exactly `dict(**data["prompt"], **subset) for subset in data["prompt"]["subset"]`:
+    # a [prompt] table whose keys are defaults for its [[prompt.subset]] tables; anything else crashes it.
+    section = doc.get("prompt")
+    if not isinstance(section, dict):
+        raise PromptError(path, None, "expected a [prompt] table with [[prompt.subset]] tables (kohya's layout)")
+    subsets = section.get("subset")
+    if not isinstance(subsets, list) or not all(isinstance(s, dict) for s in subsets):
+        raise PromptError(path, None, "expected [[prompt.subset]] tables under [prompt]")
+    defaults = {k: v for k, v in section.items() if k != "subset"}
+    return _entries(path, [{**defaults, **s} for s in subsets])
 
 
 def _from_json(path: Path, text: str) -> list[str]:

@@ -85,13 +85,14 @@ class SupervisedRun:
 
 
 def supervise(argv: list[str], out: Path, tmp: Path, env: dict[str, str] | None = None,
-              policy: str = FAST_POLICY, on_event: Any = None, timeout: float = 300) -> SupervisedRun:
+              policy: str = FAST_POLICY, on_event: Any = None, timeout: float = 300,
+              cwd: Path = ROOT) -> SupervisedRun:
     """Run `trainsup run` over ``argv``; snapshot ``out`` at the first fault; call ``on_event`` for
     each new journal event while it runs (tests use it to edit files mid-run)."""
     pol = tmp / "policy.yaml"
     pol.write_text(policy)
     run_dir = out / ".trainsup"
-    proc = subprocess.Popen(trainsup_cmd("run", "--quiet", "--policy", str(pol), "--", *argv), cwd=ROOT,
+    proc = subprocess.Popen(trainsup_cmd("run", "--quiet", "--policy", str(pol), "--", *argv), cwd=cwd,
                             env=env or clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     snapshot: dict[str, str] = {}
     streams: dict[str, str] = {}

@@ -1,0 +1,25 @@
+"""The real-trainer tier: skips, saying why, when TRAINSUP_SD_SCRIPTS is unset; else builds the bed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.real.bed import Bed, build_bed
+
+BNB_WARNING = Path(__file__).resolve().parent / "bnb_warning"
+
+
+@pytest.fixture(scope="session")
+def bed() -> Bed:
+    found = build_bed()
+    if isinstance(found, str):
+        pytest.skip(found)
+    return found
+
+
+@pytest.fixture
+def bnb_env(bed: Bed) -> dict[str, str]:
+    """The bed's environment with bitsandbytes' AVX512-BF16 warning as the trainer's first line."""
+    return bed.env(PYTHONPATH=str(BNB_WARNING))
