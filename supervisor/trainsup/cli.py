@@ -2,8 +2,12 @@
 
 Exit codes of ``trainsup run``: 0 training finished; 2 bad usage or policy; 3 gave up after the
 restart budget; 4 stopped on a fault a restart cannot fix; 130/143 stopped by SIGINT/SIGTERM.
-``trainsup diagnose``: 0 every log classified; 2 an input could not be read (or bad options).
+``trainsup diagnose``: 0 every log classified; 2 an input could not be read (or bad options);
+141 its reader went away (``| head``).
 ``trainsup doctor``: 0 no findings; 1 warnings only; 2 blockers (or bad usage).
+``trainsup demo``: 0 every run finished; 2 its directory cannot be used; 3 a run did not finish.
+Any verb: 130 interrupted; 70 an internal error, a bug of trainsup's, reported as one line
+(``TRAINSUP_DEBUG=1`` shows the traceback).
 """
 
 from __future__ import annotations
@@ -43,7 +47,26 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_INTERNAL = 70  # EX_SOFTWARE
+EXIT_BROKEN_PIPE = 141  # as a shell reports a reader that went away (128 + SIGPIPE)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Every way trainsup stops is an exit code and at most one ``trainsup: error: ...`` line."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("trainsup: error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # the last line of defence: a user never sees a traceback of ours
+        if os.environ.get("TRAINSUP_DEBUG"):
+            raise
+        print(f"trainsup: error: internal error ({type(exc).__name__}: {exc}); this is a bug in trainsup, "
+              "please report it (TRAINSUP_DEBUG=1 shows where)", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.verb == "run":
         return _run(args)
@@ -53,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         except BrokenPipeError:
             # The reader went away (`trainsup diagnose big.log | head`): not an error of ours.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 1
+            return EXIT_BROKEN_PIPE
     if args.verb == "demo":
         from .demo.story import run_demo
 

@@ -89,8 +89,10 @@ def test_a_remedy_removes_a_key_from_the_users_config_file_and_dataset_config(be
     assert any("remove --cache_latents" in a and str(config) in a for a in actions), actions
     argv2 = run.of("attempt_start")[-1]["argv"]
     assert "--cache_latents_to_disk" not in argv2
-    derived_config = Path(argv2[argv2.index("--config_file") + 1])
-    derived_dataset = Path(argv2[argv2.index("--dataset_config") + 1])
+    script_args = argv2[argv2.index("train_network.py"):]  # accelerate has a --config_file of its own
+    assert argv2[argv2.index("--config_file") + 1] == str(bed.root / "accel.yaml")
+    derived_config = Path(script_args[script_args.index("--config_file") + 1])
+    derived_dataset = Path(script_args[script_args.index("--dataset_config") + 1])
     assert derived_config.parent == derived_dataset.parent == run.run_dir / "derived"
     assert "cache_latents" not in tomllib.loads(derived_config.read_text())["caching"]
     assert "# speed" in derived_config.read_text()  # the user's comments travel with the copy

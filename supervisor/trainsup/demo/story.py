@@ -138,11 +138,25 @@ def _tell(events: list[dict[str, Any]], rc: int) -> None:
 
 
 def run_demo(keep: Path | None = None, verbose: bool = False) -> int:
+    """Run every scenario; 0 when all finished, 3 when one did not, 2 when the demo's directory
+    cannot be used, 130 when interrupted (each supervised run stops its trainer first)."""
+    try:
+        base = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="trainsup-demo-"))
+        base.mkdir(parents=True, exist_ok=True)
+        print(f"trainsup demo: assets and runs in {base}")
+        assets = make_assets(base / "assets")
+        return _run_scenarios(base, assets, verbose)
+    except OSError as exc:
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"trainsup: error: demo: cannot write{where}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("trainsup: error: demo interrupted", file=sys.stderr)
+        return 130
+
+
+def _run_scenarios(base: Path, assets: dict[str, Path], verbose: bool) -> int:
     started = time.monotonic()
-    base = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="trainsup-demo-"))
-    base.mkdir(parents=True, exist_ok=True)
-    print(f"trainsup demo: assets and runs in {base}")
-    assets = make_assets(base / "assets")
     scenarios = _scenarios(base, assets)
     failures = 0
     for i, s in enumerate(scenarios, 1):
@@ -164,9 +178,13 @@ def run_demo(keep: Path | None = None, verbose: bool = False) -> int:
         cmd += [] if verbose else ["--quiet"]
         proc = subprocess.Popen([*cmd, "--", *argv], env=env, stdout=None if verbose else subprocess.DEVNULL,
                                 stderr=None if verbose else subprocess.DEVNULL)
-        events = follow(proc, out / ".trainsup", s.hook(base) if s.hook else None)
+        try:
+            events = follow(proc, out / ".trainsup", s.hook(base) if s.hook else None)
+        except KeyboardInterrupt:
+            proc.wait()  # Ctrl-C reached the supervised run too: it stops its trainer's group first
+            raise
         _tell(events, proc.returncode)
         failures += proc.returncode != 0
     print(f"\ntrainsup demo: {len(scenarios) - failures}/{len(scenarios)} runs finished in "
           f"{time.monotonic() - started:.0f} s; journals are in {base}/run*/.trainsup/events.jsonl")
-    return 0 if failures == 0 else 1
+    return 0 if failures == 0 else 3
