@@ -20,14 +20,14 @@ from tests.e2e.demo_harness import supervise
 from tests.real.bed import Bed
 from tests.real.test_real_runs import POLICY
 
+TOML_HEAD = "[prompt]\nwidth = 64\nheight = 64\nsample_steps = 2\nseed = {seed}\n\n[[prompt.subset]]\n"
 PROMPT_FILES = {
     ".txt": ("a red cube --w 64 --h 64 --s 2 --d 1\n",
              "a blue sphere on a table --w 64 --h",  # cut off mid-option: --h has no value yet
              "a blue sphere on a table --w 64 --h 64 --s 2 --d 3\n"),
-    ".toml": ('[prompt]\nwidth = 64\nheight = 64\nsample_steps = 2\nseed = 1\n\n[[prompt.subset]]\nprompt = "a red cube"\n',
-              '[prompt]\nwidth = 64\nheight = 64\nsample_steps = 2\nseed = 3\n\n[[prompt.subset]]\nprompt = "a blue sph',
-              '[prompt]\nwidth = 64\nheight = 64\nsample_steps = 2\nseed = 3\n\n[[prompt.subset]]\n'
-              'prompt = "a blue sphere on a table"\n'),
+    ".toml": (TOML_HEAD.format(seed=1) + 'prompt = "a red cube"\n',
+              TOML_HEAD.format(seed=3) + 'prompt = "a blue sph',  # cut off inside a string
+              TOML_HEAD.format(seed=3) + 'prompt = "a blue sphere on a table"\n'),
 }
 
 
