@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import math
 import os
 import queue
@@ -136,7 +137,7 @@ class Supervisor:
                 attempt += 1
                 continue
             decision = decide(self.history, outcome, self.policy, self.clock(),
-                              lambda rung, ev=outcome.evidence: rung_applies(self.plan, rung, ev),
+                              functools.partial(rung_applies, self.plan, evidence=outcome.evidence),
                               stops_at_once(self.rules))
             record(self.history, outcome, decision, self.clock())
             if decision.kind != "restart":

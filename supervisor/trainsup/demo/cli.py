@@ -21,7 +21,7 @@ from .logfmt import setup_logging
 
 logger = logging.getLogger(__name__)
 
-REQUIRED = ("pretrained_model_name_or_path", "output_dir", "train_data_dir")
+REQUIRED = ("pretrained_model_name_or_path", "output_dir")
 
 
 class ConfigFileNotFound(Exception):
@@ -42,6 +42,9 @@ def build_parser(flux: bool) -> argparse.ArgumentParser:
     # model and dataset
     parser.add_argument("--pretrained_model_name_or_path", type=str, default=None, help="base model checkpoint")
     parser.add_argument("--train_data_dir", type=str, default=None, help="directory for train images")
+    parser.add_argument("--dataset_config", type=str, default=None, help="config file for detail settings")
+    _flag(parser, "color_aug", "enable weak color augmentation")
+    _flag(parser, "random_crop", "enable random crop")
     # kohya defaults to .caption; the demo assets (and most datasets) use .txt
     parser.add_argument("--caption_extension", type=str, default=".txt", help="extension of caption files")
     _flag(parser, "cache_latents", "cache latents to main memory")
@@ -110,6 +113,8 @@ def read_config_from_file(args: argparse.Namespace, parser: argparse.ArgumentPar
 def verify_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """Checks that need the merged arguments; mistakes end like argparse's (exit 2)."""
     missing = [f"--{name}" for name in REQUIRED if not getattr(args, name, None)]
+    if not args.train_data_dir and not args.dataset_config:
+        missing.append("--train_data_dir (or --dataset_config)")
     if missing:
         parser.error(f"the following arguments are required: {', '.join(missing)}")
     if args.cache_latents_to_disk and not args.cache_latents:
@@ -160,6 +165,11 @@ def parse_command_line(argv: list[str] | None, flux: bool) -> argparse.Namespace
 
 def script_main(flux: bool, argv: list[str] | None = None) -> None:
     """What both demo scripts run: parse, then (torch imported only now) train, then exit."""
+    # The first line real sd-scripts prints on a CPU with AVX512-BF16: bitsandbytes' CPU backend,
+    # imported with the trainer, logs it before any handler is set up (a bare message on stderr).
+    # Training goes on; a supervisor must not take it for a missing dependency.
+    print("Failed to load CPU gemm_4bit_forward from kernels-community: No module named 'kernels'. Please make "
+          "sure you already `pip install kernels` and the kernels >= 0.11.1", file=sys.stderr, flush=True)
     args = parse_command_line(argv, flux=flux)
     if args is None:
         sys.exit(1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ import torch.nn.functional as F
 
 from . import faults
 from .arch import Arch
-from .logfmt import ProgressBar
+from .logfmt import ProgressBar, log_as
 from .prepare import Session, prepare
 from .state import (
     epoch_state_name,
@@ -134,6 +135,10 @@ class Trainer:
             "ss_epoch": str(epoch),
             "ss_base_model_version": self.s.arch.name,
         }
+        # Every save of real sd-scripts asks git for a commit hash for the model card, and outside a
+        # checkout git's own error reaches stderr before kohya's warning.
+        print("fatal: not a git repository (or any of the parent directories): .git", file=sys.stderr, flush=True)
+        log_as("sai_model_spec.py", 288, "Failed to get git commit hash, using fallback", logging.WARNING)
         self.s.network.save_weights(path, metadata)
 
     def save_state(self, dir_name: str, epoch: int, step: int) -> None:

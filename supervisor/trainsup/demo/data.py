@@ -40,7 +40,7 @@ class ImageEntry:
     te_npz: Path | None = None
 
 
-def _read_caption(image: Path, extension: str) -> str | None:
+def read_caption(image: Path, extension: str) -> str | None:
     caption_file = image.with_suffix(extension)
     if caption_file.is_file():
         lines = caption_file.read_text(encoding="utf-8").strip().splitlines()
@@ -64,7 +64,7 @@ def find_images(train_data_dir: str, caption_extension: str) -> list[ImageEntry]
         images = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
         logger.info(f"found directory {folder} contains {len(images)} image files")
         for image in images:
-            caption = _read_caption(image, caption_extension)
+            caption = read_caption(image, caption_extension)
             # no caption file: kohya falls back to the class tokens of the folder name
             text = caption if caption is not None else class_tokens
             # separate objects per repeat: cache paths are filled in per entry later

@@ -31,6 +31,7 @@ from .data import (
     collate,
     find_images,
 )
+from .dataset_config import load_dataset_config
 from .model import BaseModel, load_base_model
 from .network import LoRANetwork
 from .sampling import SampleWriter, TeOutput, cache_prompt_outputs
@@ -102,7 +103,13 @@ def prepare(args: argparse.Namespace, arch: Arch, sim: faults.Simulation) -> Ses
         args.seed = random.randint(0, 2**32 - 1)
     set_seed(args.seed)
 
-    entries = find_images(args.train_data_dir, args.caption_extension)
+    cacheable = not (args.color_aug or args.random_crop)
+    if args.dataset_config:
+        spec = load_dataset_config(args.dataset_config, args)
+        entries, cacheable = spec.entries, spec.latent_cacheable
+        args.train_batch_size = spec.batch_size  # a dataset's batch_size wins, as in kohya
+    else:
+        entries = find_images(args.train_data_dir, args.caption_extension)
     if not entries:
         logger.error(
             "No data found. Please verify arguments (train_data_dir must be the parent of folders with images)"
@@ -111,6 +118,9 @@ def prepare(args: argparse.Namespace, arch: Arch, sim: faults.Simulation) -> Ses
         )
         return None
 
+    if args.cache_latents:
+        assert cacheable, ("when caching latents, either color_aug or random_crop cannot be used / "
+                           "latentをキャッシュするときはcolor_augとrandom_cropは使えません")
     model = _load_model(args, arch)
     latents: dict[Path, torch.Tensor] = {}
     if args.cache_latents:

@@ -14,8 +14,10 @@ import itertools
 import json
 import logging
 import re
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,27 +43,43 @@ class PromptSpec:
 
 
 def load_prompts(path: Path) -> list[PromptSpec]:
-    """kohya's prompt-file reading (text variant): options follow the prompt as ` --x value`."""
-    specs: list[PromptSpec] = []
-    for raw in path.read_text(encoding="utf-8").splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        parts = line.split(" --")
-        spec = PromptSpec(prompt=parts[0].strip())
-        for part in parts[1:]:
-            if m := re.match(r"w (\d+)", part, re.IGNORECASE):
-                spec.width = int(m.group(1))
-            elif m := re.match(r"h (\d+)", part, re.IGNORECASE):
-                spec.height = int(m.group(1))
-            elif m := re.match(r"d (\d+)", part, re.IGNORECASE):
-                spec.seed = int(m.group(1))
-            elif m := re.match(r"s (\d+)", part, re.IGNORECASE):
-                spec.steps = max(1, min(int(m.group(1)), 1000))
-            elif m := re.match(r"n (.+)", part, re.IGNORECASE):
-                spec.negative_prompt = m.group(1).strip()
-        specs.append(spec)
-    return specs
+    """kohya's prompt-file reading: ``.txt`` (options follow the prompt as `` --x value``), ``.toml``
+    (``[[prompt.subset]]`` tables inheriting ``[prompt]``'s keys) or ``.json`` (a list); like kohya,
+    a malformed file raises while sampling."""
+    if path.suffix == ".toml":
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+        return [_spec_from_dict({**data["prompt"], **subset}) for subset in data["prompt"]["subset"]]
+    if path.suffix == ".json":
+        items = json.loads(path.read_text(encoding="utf-8"))
+        return [_spec_from_dict(i) if isinstance(i, dict) else _spec_from_line(str(i)) for i in items]
+    lines = (raw.strip() for raw in path.read_text(encoding="utf-8").splitlines())
+    return [_spec_from_line(line) for line in lines if line and not line.startswith("#")]
+
+
+def _spec_from_dict(d: dict[str, Any]) -> PromptSpec:
+    spec = PromptSpec(prompt=str(d.get("prompt", "")), negative_prompt=str(d.get("negative_prompt") or ""))
+    spec.width, spec.height = int(d.get("width", spec.width)), int(d.get("height", spec.height))
+    spec.seed = None if d.get("seed") is None else int(d["seed"])
+    spec.steps = max(1, min(int(d.get("sample_steps", spec.steps)), 1000))
+    return spec
+
+
+def _spec_from_line(line: str) -> PromptSpec:
+    parts = line.split(" --")
+    spec = PromptSpec(prompt=parts[0].strip())
+    for part in parts[1:]:
+        if m := re.match(r"w (\d+)", part, re.IGNORECASE):
+            spec.width = int(m.group(1))
+        elif m := re.match(r"h (\d+)", part, re.IGNORECASE):
+            spec.height = int(m.group(1))
+        elif m := re.match(r"d (\d+)", part, re.IGNORECASE):
+            spec.seed = int(m.group(1))
+        elif m := re.match(r"s (\d+)", part, re.IGNORECASE):
+            spec.steps = max(1, min(int(m.group(1)), 1000))
+        elif m := re.match(r"n (.+)", part, re.IGNORECASE):
+            spec.negative_prompt = m.group(1).strip()
+    return spec
 
 
 def cache_prompt_outputs(path: Path, text_encoder: TextEncoder) -> dict[str, TeOutput]:

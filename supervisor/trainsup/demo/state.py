@@ -82,6 +82,7 @@ def save_state(
     log_as("checkpointing.py", 118, f"Scheduler state saved in {scheduler_file}")
     # accelerate logs this for every dataloader but writes it only for its own seedable sampler
     log_as("checkpointing.py", 140, f"Sampler state for dataloader 0 saved in {state_dir / 'sampler.bin'}")
+    log_as("checkpointing.py", 140, f"Sampler state for dataloader 1 saved in {state_dir / 'sampler_1.bin'}")
     if scaler_state is not None:
         scaler_file = state_dir / "scaler.pt"
         torch.save(scaler_state, scaler_file)
