@@ -142,12 +142,14 @@ def test_bad_options_exit_2() -> None:
 
 def test_policy_user_rules_come_first_and_cannot_shadow_builtins(tmp_path: Path) -> None:
     log = tmp_path / "custom.log"
-    log.write_text("epoch 1/1\nMyTrainerError: dataset shard 7 is corrupt\nKilled\n")
+    # The trainer's own exception ended the run; the shell's `Killed` after it is launcher noise.
+    log.write_text('epoch 1/1\nTraceback (most recent call last):\n  File "train.py", line 9, in <module>\n'
+                   "MyTrainerError: dataset shard 7 is corrupt\nKilled\n")
     policy = tmp_path / "policy.yaml"
     policy.write_text("rules:\n  - id: shard_corrupt\n    patterns: ['MyTrainerError: dataset shard']\n"
                       "    explanation: A dataset shard is corrupt.\n    restartable: false\n")
     (obj,) = json_lines(run_trainsup(["diagnose", "--json", "--policy", str(policy), str(log)], cwd=ROOT).stdout)
-    assert (obj["fault"], obj["line"], obj["explanation"]) == ("shard_corrupt", 2, "A dataset shard is corrupt.")
+    assert (obj["fault"], obj["line"], obj["explanation"]) == ("shard_corrupt", 4, "A dataset shard is corrupt.")
     (plain,) = json_lines(run_trainsup(["diagnose", "--json", str(log)], cwd=ROOT).stdout)
     assert plain["fault"] == "host_oom_killed"
     policy.write_text("rules:\n  - id: cuda_oom\n    patterns: ['MyTrainerError']\n")
