@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -22,4 +23,5 @@ def bed() -> Bed:
 @pytest.fixture
 def bnb_env(bed: Bed) -> dict[str, str]:
     """The bed's environment with bitsandbytes' AVX512-BF16 warning as the trainer's first line."""
-    return bed.env(PYTHONPATH=str(BNB_WARNING))
+    inherited = os.environ.get("PYTHONPATH")
+    return bed.env(PYTHONPATH=os.pathsep.join(p for p in (str(BNB_WARNING), inherited) if p))
