@@ -127,6 +127,7 @@ def run_attempt(argv: list[str], env: dict[str, str], cwd: Path, log_path: Path,
         fault = stopped_live
     else:
         fault = classify_exit(info, scanner.verdict)
-    return AttemptResult(exit_code, sig, obs, fault, scanner.verdict, uptime, stop_signal,
-                         nan_step, stopped_for_change)
+    verdict = scanner.verdict
+    evidence = verdict if verdict is not None and verdict.fault == fault else None  # never another fault's line
+    return AttemptResult(exit_code, sig, obs, fault, evidence, uptime, stop_signal, nan_step, stopped_for_change)
 

@@ -1,6 +1,7 @@
 """A small stand-in trainer without torch, for process-behaviour tests. Ignores the flags it gets.
 
 Modes (first argument): longline N_MB | binary N_MB | fail MESSAGE | crash MESSAGE | hang PIDFILE | ok
+| warned ok|killed (an import-time warning naming a missing module, two steps, then success or SIGKILL)
 It speaks kohya's formats: the `steps` bar with \\r, and `model saved.` on success.
 """
 
@@ -37,6 +38,13 @@ elif mode == "fail":
 elif mode == "crash":
     sys.stderr.write(f"RuntimeError: {sys.argv[2]}\n")
     sys.exit(1)
+elif mode == "warned":
+    sys.stderr.write("Failed to load CPU gemm_4bit_forward from kernels-community: No module named 'kernels'. "
+                     "Please make sure you already `pip install kernels` and the kernels >= 0.11.1\n")
+    bar(1)
+    bar(2)
+    if sys.argv[2] == "killed":
+        os.kill(os.getpid(), signal.SIGKILL)
 elif mode == "hang":
     # A launcher-like parent that ignores SIGTERM, with a grandchild that ignores it too.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -134,3 +134,18 @@ def test_a_full_disk_for_the_run_dir_stops_cleanly_and_touches_nothing_of_the_us
     assert "Traceback" not in r.stderr
     assert prompts.read_text() == "a cat\n"
     assert [e["event"] for e in events(run_dir)][-1] == "gave_up"
+
+
+def test_a_warning_naming_a_missing_module_neither_fails_a_finished_run_nor_explains_a_kill(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    r = run_trainsup(["run", "--quiet", "--", sys.executable, CHILD, "warned", "ok", "--output_dir", str(out)],
+                     cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert not [e for e in events(out / ".trainsup") if e["event"] == "fault"]
+    pol = policy(tmp_path, "restart:\n  max: 1\n  min_uptime_s: 0\nbackoff:\n  initial_s: 0.05\n")
+    killed = tmp_path / "killed"
+    r = run_trainsup(["run", "--quiet", "--policy", str(pol), "--", sys.executable, CHILD, "warned", "killed",
+                      "--output_dir", str(killed)], cwd=ROOT)
+    assert r.returncode == 3, r.stderr  # restarted (a kill is not a missing dependency), then out of budget
+    faults = [e for e in events(killed / ".trainsup") if e["event"] == "fault"]
+    assert [(f["class"], f["evidence"]) for f in faults] == [("host_oom_killed", None)] * 2
