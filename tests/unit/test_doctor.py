@@ -113,6 +113,8 @@ def test_fp8_weights_and_flags(kohya: Path) -> None:
                     *BASE, "--fp8_base", "--mixed_precision", "bf16", probe=versions(safetensors="0.4.1"))
     assert old == [("blocker", "fp8_serializer")]
     assert f'fix: {sys.executable} -m pip install "safetensors>=0.4.2"' in text
+    # A float8 model cannot even be loaded by that safetensors: the finding says so.
+    assert "cannot even load the model (SafetensorError: Dtype not understood: F8_E4M3)" in text
 
 
 def test_resume_needs_a_complete_state_and_a_new_enough_serializer(kohya: Path) -> None:
