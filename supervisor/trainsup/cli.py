@@ -86,11 +86,11 @@ def _main(argv: list[str] | None) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     if args.verb == "diagnose":
-        from .diagnose import run_diagnose
+        from .commands.diagnose import run_diagnose
 
         return run_diagnose(args.logs, as_json=args.json, command=args.command, policy=args.policy,
                             out=sys.stdout, err=sys.stderr)
-    from .doctor import run_doctor
+    from .commands.doctor import run_doctor
 
     command = _training_command(args, "doctor")
     if command is None:
@@ -109,8 +109,8 @@ def _training_command(args: argparse.Namespace, verb: str) -> list[str] | None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .engine import RunSpec, Supervisor, install_signal_handlers
-    from .policy import PolicyError, load_policy
+    from .run.engine import RunSpec, Supervisor, install_signal_handlers
+    from .run.policy import PolicyError, load_policy
 
     command = _training_command(args, "run")
     if command is None:

@@ -64,7 +64,8 @@ def test_a_command_without_a_training_script_is_a_usage_error(tmp_path: Path) ->
 def test_an_internal_error_is_one_line_and_exit_70(monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     # The last line of defence, driven through the real entry point: a bug deep inside a verb.
-    from trainsup import cli, doctor
+    from trainsup import cli
+    from trainsup.commands import doctor
 
     def broken(*args: object, **kw: object) -> int:
         raise KeyError("a bug")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, run_trainsup, trainsup_cmd
-from trainsup.linetext import strip_ansi
+from trainsup.faults.linetext import strip_ansi
 
 LOGS = ROOT / "tests" / "fixtures" / "logs"
 FIXTURES = sorted(LOGS.glob("*.log"))

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import wait_until
-from trainsup.watch import FileWatcher
+from trainsup.sensors.watch import FileWatcher
 
 
 class Recorder:

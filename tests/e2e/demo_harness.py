@@ -22,7 +22,7 @@ from safetensors.numpy import load_file
 
 from tests.conftest import ROOT, trainsup_cmd
 from trainsup.demo.story import follow
-from trainsup.journal import read_events
+from trainsup.record.journal import read_events
 
 DEMO_ENV_KEYS = ("TRAINSUP_DEMO_SIMULATE", "TRAINSUP_DEMO_STEP_SECONDS")
 FAST_POLICY = "backoff:\n  initial_s: 1.0\n  max_s: 2\nstop:\n  grace_s: 5\n"

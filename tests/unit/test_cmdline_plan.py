@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from trainsup import tomlio
-from trainsup.cmdline import TrainerCommand
-from trainsup.plan import LaunchPlan, apply_action
-from trainsup.profile import parse_state_name, script_info
-from trainsup.remedies import Action
+from trainsup.faults.remedies import Action
+from trainsup.kohya import tomlio
+from trainsup.kohya.cmdline import TrainerCommand
+from trainsup.kohya.profile import parse_state_name, script_info
+from trainsup.run.plan import LaunchPlan, apply_action
 
 
 def test_parse_finds_the_script_behind_launchers() -> None:

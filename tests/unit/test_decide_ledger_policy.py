@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from trainsup.decide import History, Outcome, decide, record
-from trainsup.ledger import label_offset
-from trainsup.policy import Policy, PolicyError, parse_policy
-from trainsup.remedies import Rung
+from trainsup.faults.remedies import Rung
+from trainsup.record.ledger import label_offset
+from trainsup.run.decide import History, Outcome, decide, record
+from trainsup.run.policy import Policy, PolicyError, parse_policy
 
 
 def outcome(fault: str | None, uptime: float = 100.0, steps: int = 5, new_state: bool = False,
@@ -80,7 +80,7 @@ def test_example_config_is_a_valid_policy() -> None:
 
 
 def test_kohya_overshoot_after_resume_is_predicted() -> None:
-    from trainsup.ledger import post_resume_overshoot
+    from trainsup.record.ledger import post_resume_overshoot
 
     assert post_resume_overshoot(8, 18, 4) == 2  # 5 epochs of 4 = 20 steps, its stop never fires
     assert post_resume_overshoot(8, 20, 4) == 0  # whole epochs: nothing extra
@@ -88,8 +88,8 @@ def test_kohya_overshoot_after_resume_is_predicted() -> None:
 
 
 def test_a_user_rule_that_says_restartable_false_stops_at_once() -> None:
-    from trainsup.decide import stops_at_once
-    from trainsup.faults import load_user_rules
+    from trainsup.faults.scanner import load_user_rules
+    from trainsup.run.decide import stops_at_once
 
     rules = load_user_rules([{"id": "license_expired", "patterns": ["License expired"], "restartable": False}],
                             "p.yaml")

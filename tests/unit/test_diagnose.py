@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from trainsup.diagnose import build_plan, command_text, diagnose_scan, format_text, plan_remedy
-from trainsup.logscan import scan_log
+from trainsup.commands.diagnose import build_plan, command_text, diagnose_scan, format_text, plan_remedy
+from trainsup.faults.logscan import scan_log
 
 FLUX = "accelerate launch flux_train_network.py --output_dir o --network_dim 16".split()
 SD = "accelerate launch train_network.py --output_dir o".split()

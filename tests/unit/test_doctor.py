@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from trainsup import gpu
-from trainsup.doctor import doctor, format_text
-from trainsup.interpreter import Probe, at_least, parse_version
-from trainsup.sthead import HeaderError, float8_dtypes, load_header, read_header
+from trainsup.commands.doctor import doctor, format_text
+from trainsup.kohya.interpreter import Probe, at_least, parse_version
+from trainsup.kohya.sthead import HeaderError, float8_dtypes, load_header, read_header
+from trainsup.sensors import gpu
 
 GIB = 1 << 30
 

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from trainsup.fault_rules import BUILTIN_RULES, FAULT_IDS, FaultRule, compose_rules, load_user_rules
-from trainsup.faults import (
+from trainsup.faults.linetext import clean_line
+from trainsup.faults.rules import BUILTIN_RULES, FAULT_IDS, FaultRule, compose_rules, load_user_rules
+from trainsup.faults.scanner import (
     Evidence,
     ExitInfo,
     FaultScanner,
@@ -23,7 +24,6 @@ from trainsup.faults import (
     classify_text,
     parse_child_status,
 )
-from trainsup.linetext import clean_line
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 FIXTURES = sorted(LOGS.glob("*.log"))

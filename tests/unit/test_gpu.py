@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from trainsup import gpu
-from trainsup.doctor import _gpus
+from trainsup.commands.doctor import _gpus
+from trainsup.sensors import gpu
 
 GIB = 1 << 30
 

@@ -6,7 +6,7 @@ import timeit
 
 import pytest
 
-from trainsup.linetext import bar_tail, clean_line, rank_tag, starts_record, strip_ansi
+from trainsup.faults.linetext import bar_tail, clean_line, rank_tag, starts_record, strip_ansi
 
 
 def test_strip_ansi_removes_colours_cursor_moves_and_hyperlinks() -> None:

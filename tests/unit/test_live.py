@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trainsup.journal import Journal
-from trainsup.live import LiveInputs
-from trainsup.policy import Policy
-from trainsup.prepare import prepare
+from trainsup.record.journal import Journal
+from trainsup.run.live import LiveInputs
+from trainsup.run.policy import Policy
+from trainsup.run.prepare import prepare
 
 
 def setup(tmp_path: Path, script: str = "flux_train_network.py", extra: str = ""):
@@ -61,8 +61,8 @@ def test_other_config_changes_wait_for_the_next_checkpoint(tmp_path: Path) -> No
 
 
 def live_launch(live: LiveInputs):
-    from trainsup.cmdline import TrainerCommand
-    from trainsup.plan import LaunchPlan
+    from trainsup.kohya.cmdline import TrainerCommand
+    from trainsup.run.plan import LaunchPlan
 
     launch = LaunchPlan(TrainerCommand.parse(["python", "flux_train_network.py"]))
     live.before_launch(2, launch)

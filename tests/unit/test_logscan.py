@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from trainsup.faults import classify_text
-from trainsup.linetext import strip_ansi
-from trainsup.logscan import command_from_line, scan_file, scan_log, terminal_lines
+from trainsup.faults.linetext import strip_ansi
+from trainsup.faults.logscan import command_from_line, scan_file, scan_log, terminal_lines
+from trainsup.faults.scanner import classify_text
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 FIXTURES = sorted(LOGS.glob("*.log"))

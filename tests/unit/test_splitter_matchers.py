@@ -1,7 +1,7 @@
 """Line splitting and the progress/bookkeeping matchers."""
 
-from trainsup import matchers
-from trainsup.splitter import LineSplitter
+from trainsup.faults import matchers
+from trainsup.faults.splitter import LineSplitter
 
 
 def test_splits_on_cr_and_lf_and_keeps_the_partial_tail() -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..journal import read_events
+from ..record.journal import read_events
 from .envs import old_safetensors_venv
 from .make_assets import make_assets
 

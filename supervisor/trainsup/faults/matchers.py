@@ -1,7 +1,7 @@
 """Owns recognising the trainer's progress and bookkeeping lines (pure functions of one cleaned line).
 
 Formats follow kohya sd-scripts: the tqdm bar with desc ``steps``, accelerate's state-save lines, the
-start-up summary, the resume lines and the success marker. Fault evidence lives in ``faults``.
+start-up summary, the resume lines and the success marker. Fault evidence lives in ``scanner``.
 """
 
 from __future__ import annotations

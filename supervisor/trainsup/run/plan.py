@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import tomlio
-from .cmdline import TrainerCommand
-from .fsutil import atomic_write_text
-from .profile import ScriptInfo, script_info, takes_value
-from .remedies import Action, Rung
-from .tomlio import TomlDoc
+from ..faults.remedies import Action, Rung
+from ..kohya import tomlio
+from ..kohya.cmdline import TrainerCommand
+from ..kohya.profile import ScriptInfo, script_info, takes_value
+from ..kohya.tomlio import TomlDoc
+from ..record.fsutil import atomic_write_text
 
 
 @dataclass

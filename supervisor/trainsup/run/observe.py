@@ -14,10 +14,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from . import matchers
-from .faults import FaultScanner
-from .linetext import clean_line
-from .splitter import LineSplitter
+from ..faults import matchers
+from ..faults.linetext import clean_line
+from ..faults.scanner import FaultScanner
+from ..faults.splitter import LineSplitter
 
 MAX_LINES_PER_CHUNK = 2000
 

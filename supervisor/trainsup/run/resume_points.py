@@ -13,12 +13,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .journal import Journal
-from .ledger import AttemptRecord, Ledger, StateRecord, label_offset, post_resume_overshoot
+from ..kohya.profile import final_weights_name, parse_state_name, state_dir_names, weights_files_for
+from ..kohya.states import check_state, state_dirs
+from ..kohya.weights import has_non_finite
+from ..record.journal import Journal
+from ..record.ledger import AttemptRecord, Ledger, StateRecord, label_offset, post_resume_overshoot
 from .observe import Observations
-from .profile import final_weights_name, parse_state_name, state_dir_names, weights_files_for
-from .states import check_state, state_dirs
-from .weights import has_non_finite
 
 
 def _names(output_name: str | None) -> set[str]:

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from . import gpu
-from .cmdline import TrainerCommand, find_script
+from ..kohya.cmdline import TrainerCommand, find_script
+from ..kohya.interpreter import Probe, at_least, probe_versions, trainer_python, upgrade_command
+from ..kohya.sthead import float8_dtypes
+from ..sensors import gpu
 from .doctor_checks import CommandView, Finding, check_command, load_view
-from .interpreter import Probe, at_least, probe_versions, trainer_python, upgrade_command
-from .sthead import float8_dtypes
 
 __all__ = ["Report", "doctor", "format_text", "run_doctor"]
 
@@ -71,7 +71,7 @@ def _demo_flags(command: TrainerCommand) -> frozenset[str] | None:
     token = command.launcher[find_script(command.launcher)].replace("\\", "/")
     if "trainsup.demo." not in token and "trainsup/demo/" not in token:
         return None
-    from .demo.cli import build_parser
+    from ..demo.cli import build_parser
 
     parser = build_parser(flux=command.script == "flux_train_network")
     return frozenset(o[2:] for a in parser._actions for o in a.option_strings if o.startswith("--"))

@@ -16,14 +16,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from . import tomlio
-from .caches import LATENT_KEYS, CacheManifest, Subset, set_aside, stale_caches
-from .journal import Journal
+from ..kohya import tomlio
+from ..kohya.caches import LATENT_KEYS, CacheManifest, Subset, set_aside, stale_caches
+from ..kohya.profile import RESUME_LOCKED
+from ..kohya.prompts import PromptError, parse_prompt_file
+from ..record.journal import Journal
+from ..sensors.watch import FileWatcher
 from .plan import LaunchPlan
 from .policy import Policy, PolicyError, load_policy
-from .profile import RESUME_LOCKED
-from .prompts import PromptError, parse_prompt_file
-from .watch import FileWatcher
 
 Action = Literal["none", "at_checkpoint", "now", "policy"]
 _LINE = re.compile(r":(\d+): ")

@@ -157,7 +157,7 @@ def parse_policy(text: str, source: str) -> Policy:
 
 
 def _rules(node: yaml.Node, source: str) -> tuple[Any, ...]:
-    from .faults import load_user_rules
+    from ..faults.scanner import load_user_rules
 
     data = yaml.safe_load(yaml.serialize(node))
     try:

@@ -23,25 +23,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..faults.matchers import Progress
+from ..faults.rules import compose_rules
+from ..faults.scanner import Evidence, FaultScanner
+from ..kohya.interpreter import run_upgrade, trainer_python, upgrade_command
+from ..kohya.profile import final_weights_name
+from ..record.fsutil import publish_copy
+from ..record.journal import Journal
+from ..record.ledger import Ledger, StateRecord
+from ..sensors.watch import FileWatcher
 from . import process
 from .attempt import AttemptHooks, AttemptResult, run_attempt
 from .decide import EXIT_STOPPED, Decision, History, Outcome, decide, record, stops_at_once
-from .fault_rules import compose_rules
-from .faults import Evidence, FaultScanner
-from .fsutil import publish_copy
-from .interpreter import run_upgrade, trainer_python, upgrade_command
-from .journal import Journal
-from .ledger import Ledger, StateRecord
 from .live import LiveInputs
-from .matchers import Progress
 from .observe import Observations
 from .plan import LaunchPlan, apply_action, rung_applies, upgrade_spec
 from .policy import Policy
 from .prepare import UsageError, default_run_dir, prepare
-from .profile import final_weights_name
 from .resume_points import ResumePoints
 from .runstate import RunState, check_transition
-from .watch import FileWatcher
 
 CHILD_ENV_DEFAULTS = {"COLUMNS": "250", "PYTHONUNBUFFERED": "1"}
 STATUS_INTERVAL_S = 0.25

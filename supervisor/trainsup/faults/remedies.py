@@ -1,7 +1,7 @@
 """Owns remedies: declarative edits of a launch, and the ladder of them for each fault class.
 
 A ``Remedy`` is a tuple of ``Action``s; ``describe()`` prints it, the journal records it, and it is
-applied to a ``LaunchPlan`` (see ``plan``). When the same fault comes back after a rung, the next
+applied to a ``LaunchPlan`` (see ``run.plan``). When the same fault comes back after a rung, the next
 rung applies. A rung none of whose actions applies to this command (the flag is absent, or the script
 has no such flag) is skipped. Ladders follow the defaults in the project's fault table.
 """

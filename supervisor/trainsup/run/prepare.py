@@ -11,8 +11,8 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import tomlio
-from .cmdline import TrainerCommand
+from ..kohya import tomlio
+from ..kohya.cmdline import TrainerCommand
 from .plan import LaunchPlan
 from .policy import Policy
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..faults.matchers import Progress
+from ..faults.scanner import Evidence, ExitInfo, FaultScanner, classify_exit
 from . import process
-from .faults import Evidence, ExitInfo, FaultScanner, classify_exit
-from .matchers import Progress
 from .observe import Observations, OutputParser
 from .pump import AttemptLog, Pump
 

@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .fault_rules import FaultRule
+from ..faults.remedies import NOT_RESTARTABLE, Rung, ladder
+from ..faults.rules import FaultRule
 from .policy import Policy
-from .remedies import NOT_RESTARTABLE, Rung, ladder
 
 EXIT_GAVE_UP = 3
 EXIT_STOPPED = 4

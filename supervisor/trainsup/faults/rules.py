@@ -4,8 +4,8 @@ Rules are data.  Each ``FaultRule`` names a fault id (the ids are interface: the
 journal, ``diagnose --json`` and metrics labels use them) and the regexes whose
 match on a cleaned output line (see ``linetext.clean_line``) counts as evidence.
 This module holds the built-in table and turns a policy file's ``rules`` list into
-the same shape (``load_user_rules``, ``compose_rules``); ``faults`` applies them.
-``faults.FaultScanner`` applies the table: per line, the FIRST rule in table order
+the same shape (``load_user_rules``, ``compose_rules``); ``scanner`` applies them.
+``scanner.FaultScanner`` applies the table: per line, the FIRST rule in table order
 that matches wins, so the order below encodes priority: specific wording before
 the generic wording it contains (``/dev/shm`` full before disk full, a meta device
 in a device-mismatch message before plain device mismatch, ``CUDA error: out of

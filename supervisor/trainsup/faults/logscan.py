@@ -41,11 +41,11 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import BinaryIO
 
+from ..kohya.cmdline import TrainerCommand, find_script
 from . import matchers
-from .cmdline import TrainerCommand, find_script
-from .fault_rules import BUILTIN_RULES, FaultRule
-from .faults import Evidence, FaultScanner
 from .linetext import clean_line
+from .rules import BUILTIN_RULES, FaultRule
+from .scanner import Evidence, FaultScanner
 from .splitter import DEFAULT_MAX_LINE, LineSplitter
 
 __all__ = ["CHUNK_SIZE", "PARALLEL_MIN", "CommandFinder", "LogScan", "command_from_line", "scan_file", "scan_log",

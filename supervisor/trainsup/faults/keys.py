@@ -5,7 +5,7 @@ few microseconds at most.  Each pattern gets keys derived from its regex: litera
 every match contains (a substring starting at an uncommon character, all checked by one
 trie-shaped regex that the engine skips through quickly, or a whole word, checked by one
 ``split``).  ``KeyIndex.hit`` says whether a line can match any pattern at all and
-``KeyIndex.candidates`` which patterns to try; ``faults.FaultScanner`` owns what happens then.
+``KeyIndex.candidates`` which patterns to try; ``scanner.FaultScanner`` owns what happens then.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ marker has finished, whatever it printed on the way.
 
 Cost: nearly every line is a progress bar or an info log, and those must cost a
 few microseconds at most.  Only lines holding one of the literal keys derived from
-the patterns (see ``fault_keys``) reach the patterns, and only the patterns whose
+the patterns (see ``keys``) reach the patterns, and only the patterns whose
 keys they hold.
 """
 
@@ -32,11 +32,11 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from .fault_keys import KeyIndex
-from .fault_keys import is_folded as _folded
-from .fault_rules import BUILTIN_RULES, IGNORED_LINE_PATTERNS, FaultRule, compose_rules, load_user_rules
+from .keys import KeyIndex
+from .keys import is_folded as _folded
 from .linetext import bar_tail, clean_line, rank_tag, starts_record, strip_ansi
 from .matchers import parse_progress
+from .rules import BUILTIN_RULES, IGNORED_LINE_PATTERNS, FaultRule, compose_rules, load_user_rules
 
 __all__ = [
     "Evidence",

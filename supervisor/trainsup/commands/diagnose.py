@@ -22,15 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from . import tomlio
-from .cmdline import TrainerCommand
-from .decide import select_rung, stops_at_once
-from .fault_rules import BUILTIN_RULES, FaultRule, compose_rules
-from .interpreter import trainer_python, upgrade_command
-from .linetext import strip_ansi
-from .logscan import LogScan, scan_file, scan_log
-from .plan import LaunchPlan, apply_action, rung_applies, upgrade_spec
-from .remedies import NOT_RESTARTABLE, Action, Rung, ladder, stop
+from ..faults.linetext import strip_ansi
+from ..faults.logscan import LogScan, scan_file, scan_log
+from ..faults.remedies import NOT_RESTARTABLE, Action, Rung, ladder, stop
+from ..faults.rules import BUILTIN_RULES, FaultRule, compose_rules
+from ..kohya import tomlio
+from ..kohya.cmdline import TrainerCommand
+from ..kohya.interpreter import trainer_python, upgrade_command
+from ..run.decide import select_rung, stops_at_once
+from ..run.plan import LaunchPlan, apply_action, rung_applies, upgrade_spec
 
 __all__ = ["Diagnosis", "diagnose_path", "diagnose_scan", "plan_remedy", "run_diagnose"]
 
@@ -222,7 +222,7 @@ def run_diagnose(paths: Sequence[str], *, as_json: bool, command: str | None, po
                  out: TextIO, err: TextIO) -> int:
     """The verb: returns 0 when every input was classified, 2 when one could not be read (or the
     options are bad)."""
-    from .policy import PolicyError, load_policy
+    from ..run.policy import PolicyError, load_policy
 
     try:
         loaded = load_policy(policy)

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from . import tomlio
-from .cmdline import TrainerCommand, find_script
-from .profile import ScriptInfo, script_info
-from .states import check_state
-from .sthead import Header, HeaderError, float8_dtypes, load_header
+from ..kohya import tomlio
+from ..kohya.cmdline import TrainerCommand, find_script
+from ..kohya.profile import ScriptInfo, script_info
+from ..kohya.states import check_state
+from ..kohya.sthead import Header, HeaderError, float8_dtypes, load_header
 
 __all__ = ["CommandView", "Finding", "check_command", "load_view"]
 
