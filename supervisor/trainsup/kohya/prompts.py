@@ -40,6 +40,11 @@ def parse_prompt_file(path: Path) -> list[str]:
         raise PromptError(path, None, "the prompt file is gone") from None
     except OSError as exc:
         raise PromptError(path, None, f"cannot read it ({exc.strerror or exc})") from None
+    return parse_prompt_bytes(path, raw)
+
+
+def parse_prompt_bytes(path: Path, raw: bytes) -> list[str]:
+    """The prompts in ``raw``, the content of ``path`` as read once (validate what you will use)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

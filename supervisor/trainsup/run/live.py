@@ -19,7 +19,7 @@ from typing import Literal
 from ..kohya import tomlio
 from ..kohya.caches import LATENT_KEYS, CacheManifest, Subset, set_aside, stale_caches
 from ..kohya.profile import RESUME_LOCKED
-from ..kohya.prompts import PromptError, parse_prompt_file
+from ..kohya.prompts import PromptError, parse_prompt_bytes
 from ..record.journal import Journal
 from ..sensors.watch import FileWatcher
 from .plan import LaunchPlan
@@ -166,8 +166,12 @@ class LiveInputs:
         self.journal.event("change_scheduled", path=str(path), apply=apply)
 
     def _prompt_changed(self, path: Path) -> Action:
+        # Read once: the bytes validated are the bytes used, whatever the editor writes meanwhile.
+        raw = self._read(path)
         try:
-            parse_prompt_file(path)
+            if raw is None:
+                raise PromptError(path, None, "cannot read it")
+            parse_prompt_bytes(path, raw)
         except PromptError as exc:
             return self._reject(path, exc.reason, exc.line)
         mode = self.policy.on_prompt_change
@@ -177,7 +181,7 @@ class LiveInputs:
         if mode == "ignore":
             self.say(f"{path} changed; on_prompt_change=ignore keeps the current prompts")
             return "none"
-        self.prompt_bytes = self._read(path)
+        self.prompt_bytes = raw
         if not self.te_cached and self.snapshot is not None and self.prompt_bytes is not None:
             tmp = self.snapshot.with_name(f".{self.snapshot.name}.new")
             tmp.write_bytes(self.prompt_bytes)
