@@ -274,6 +274,7 @@ def train(arch: Arch, args: argparse.Namespace) -> int:
     # one thread: bit-identical results across runs and resumes
     torch.set_num_threads(1)
     sim = faults.from_env()
+    sim.once_dir = Path(args.output_dir)
     session = prepare(args, arch, sim)
     if session is None:
         return 0

@@ -1,10 +1,13 @@
 """Faults a CPU-only demo cannot produce for real, raised only when explicitly asked for.
 
 Owns the `TRAINSUP_DEMO_SIMULATE` switch (a comma list of `device_mismatch`,
-`cuda_oom@STEP` and `hang@STEP`) and the `TRAINSUP_DEMO_STEP_SECONDS` pacing
-knob (a sleep after every optimizer step so tests can act while a run is in
-progress). Every simulated fault first says on stderr that it is simulated,
-then raises the exception with the wording torch itself uses.
+`cuda_oom@STEP` and `hang@STEP`) and the pacing knobs `TRAINSUP_DEMO_STEP_SECONDS`
+(a sleep after every optimizer step so tests can act while a run is in progress)
+and `TRAINSUP_DEMO_SAMPLE_SECONDS` (seconds per sampled image, spread over its
+denoising steps, as a slow GPU would take). A simulated exception first says on
+stderr that it is simulated, then raises with the wording torch itself uses; a
+simulated hang says nothing at all, as a real one does: it blocks in
+`hang_forever` until it is killed.
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 ENV_SIMULATE = "TRAINSUP_DEMO_SIMULATE"
 ENV_STEP_SECONDS = "TRAINSUP_DEMO_STEP_SECONDS"
+ENV_SAMPLE_SECONDS = "TRAINSUP_DEMO_SAMPLE_SECONDS"
 
 DEVICE_MISMATCH_MESSAGE = "Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!"
 # torch >= 2.4 wording (torch.OutOfMemoryError, expandable_segments hint)
@@ -35,6 +40,8 @@ class Simulation:
     oom_steps: set[int] = field(default_factory=set)
     hang_steps: set[int] = field(default_factory=set)
     step_seconds: float = 0.0
+    sample_seconds: float = 0.0  # per sampled image
+    once_dir: Path | None = None  # where a simulated hang leaves its mark: it hangs once per output dir
 
 
 def from_env() -> Simulation:
@@ -53,6 +60,8 @@ def from_env() -> Simulation:
             raise ValueError(f"{ENV_SIMULATE}: unknown item {item!r} (device_mismatch, cuda_oom@N, hang@N)")
     seconds = os.environ.get(ENV_STEP_SECONDS, "").strip()
     sim.step_seconds = float(seconds) if seconds else 0.0
+    seconds = os.environ.get(ENV_SAMPLE_SECONDS, "").strip()
+    sim.sample_seconds = float(seconds) if seconds else 0.0
     return sim
 
 
@@ -76,12 +85,27 @@ def at_step(sim: Simulation, step: int, gradient_checkpointing: bool) -> None:
 
         raise torch.OutOfMemoryError(CUDA_OOM_MESSAGE)
     if step in sim.hang_steps:
-        sys.stderr.write(f"[demo] SIMULATED hang at step {step}: sleeping until killed\n")
-        sys.stderr.flush()
-        while True:
-            time.sleep(3600)
+        # A transient hang (a stuck collective, a DataLoader deadlock): the run after a restart goes on.
+        mark = sim.once_dir / f".trainsup-demo-hang-{step}" if sim.once_dir is not None else None
+        if mark is None or not mark.exists():
+            if mark is not None:
+                mark.parent.mkdir(parents=True, exist_ok=True)
+                mark.touch()
+            hang_forever()
+
+
+def hang_forever() -> None:
+    """A silent hang, as a deadlocked DataLoader or a stuck collective is: no output, no exit."""
+    while True:
+        time.sleep(3600)
 
 
 def pace(sim: Simulation) -> None:
     if sim.step_seconds > 0:
         time.sleep(sim.step_seconds)
+
+
+def pace_denoise(sim: Simulation, steps: int) -> None:
+    """One denoising step of a sampled image, when sampling is paced."""
+    if sim.sample_seconds > 0:
+        time.sleep(sim.sample_seconds / max(steps, 1))

@@ -24,6 +24,7 @@ import torch
 
 from . import faults
 from .arch import Arch
+from .logfmt import ProgressBar
 from .model import LATENT_CH, LATENT_HW, VAE, Denoiser, TextEncoder
 from .png import resize_nearest, write_png
 
@@ -155,11 +156,15 @@ class SampleWriter:
         generator = torch.Generator().manual_seed(seed)
         x = torch.randn(1, LATENT_CH, LATENT_HW, LATENT_HW, generator=generator)
         times = torch.linspace(1.0, 0.0, spec.steps + 1).tolist()
+        bar = ProgressBar(spec.steps)  # kohya's nested denoising bar, one per sampled image
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.mixed_precision):
             for t, t_next in itertools.pairwise(times):
                 pred = unet(x, torch.full((1,), t), hidden, mask).float()
                 x = self.arch.denoise_step(x, pred, t, t_next)
+                faults.pace_denoise(self.sim, spec.steps)
+                bar.update(1)
             image = vae.decode(x.float()).float()[0]
+        bar.close()
         rgb = ((image.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(1, 2, 0).numpy()
         width, height = min(max(spec.width, 1), 256), min(max(spec.height, 1), 256)
         path = self.sample_dir / f"{self.prefix}{step:06d}_{index:02d}.png"

@@ -129,7 +129,12 @@ LADDERS: dict[str, tuple[Rung, ...]] = {
     "config_error": (stop("the command or its files are wrong; a restart cannot fix it"),),
     "missing_dependency": (stop("the trainer's environment lacks a package; a restart cannot fix it"),),
     "disk_full": (stop("the disk is full; free space yourself (trainsup never deletes checkpoints)"),),
-    "hang": (RESTART,),
+    "hang": (
+        Rung((Action("restart"),)),
+        # A DataLoader worker that stopped delivering batches: load in the main process instead.
+        Rung((Action("lower_workers", value="0"),), when=r"DataLoader waits"),
+        stop("it hung again after a restart; the stacks are in the run dir's hang-N.txt"),
+    ),
     "unknown": (RESTART,),
 }
 

@@ -1,8 +1,9 @@
 """Owns running one attempt: launch, pump its output, react to live events, stop it, report.
 
 Runs on the decision loop's thread; only the pumps are threads. Live reactions are few and prompt:
-a live fault (NaN loss) or a stop request stops the whole process group at once; a completed state
-is validated and entered in the ledger as soon as its last file is announced.
+a live fault (NaN loss), a hang (no progress for the hang clock's timeout; the stacks are taken
+first) or a stop request stops the whole process group at once; a completed state is validated and
+entered in the ledger as soon as its last file is announced.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from ..faults.matchers import Progress
 from ..faults.scanner import Evidence, ExitInfo, FaultScanner, classify_exit
+from ..sensors.hang import HangClock, HangPolicy
 from . import process
 from .observe import Observations, OutputParser
 from .pump import AttemptLog, Pump
@@ -44,14 +46,15 @@ class AttemptHooks:
     on_file_changed: Callable[[Any], None]
     is_live: Callable[[str], bool]
     success_fallback: Callable[[], bool]  # e.g. the final weights were written during this attempt
+    on_hang: Callable[[int, float, HangClock, Observations], Evidence]  # (pid, idle s, clock, obs): stacks
 
 
 def run_attempt(argv: list[str], env: dict[str, str], cwd: Path, log_path: Path, scanner: FaultScanner,
                 events: queue.Queue[tuple[str, Any]], hooks: AttemptHooks, grace_s: float,
                 pump_wait_s: float, echo: bool, spawn: Callable[..., process.Child] = process.spawn,
-                clock: Callable[[], float] = time.monotonic) -> AttemptResult:
+                clock: Callable[[], float] = time.monotonic, hang: HangPolicy | None = None) -> AttemptResult:
     log = AttemptLog(log_path)
-    parser = OutputParser(events, scanner)
+    parser = OutputParser(events, scanner, clock)
     child = spawn(argv, env, cwd)
     assert child.popen.stdout is not None and child.popen.stderr is not None
     pumps = [Pump("stdout", child.popen.stdout, log, 1 if echo else None, parser),
@@ -66,6 +69,9 @@ def run_attempt(argv: list[str], env: dict[str, str], cwd: Path, log_path: Path,
     nan_step: int | None = None
     killed = False
     stopped_for_change = False
+    hang_clock = HangClock(hang, started) if hang is not None else None
+    hang_evidence: Evidence | None = None
+    activity_seen: float | None = None
     try:
         while True:
             try:
@@ -82,7 +88,12 @@ def run_attempt(argv: list[str], env: dict[str, str], cwd: Path, log_path: Path,
             elif kind == "progress":
                 if nan_step is None and payload.loss is not None and math.isnan(payload.loss):
                     nan_step = payload.step
+                if hang_clock is not None:
+                    hang_clock.on_step(payload.step, clock(), f"steps {payload.step}/{payload.total}")
                 hooks.on_progress(payload)
+            elif kind == "phase":
+                if hang_clock is not None:
+                    hang_clock.enter(payload[0], clock(), payload[1])
             elif kind == "file_changed":
                 hooks.on_file_changed(payload)
             elif kind == "stop_for_change":
@@ -102,6 +113,16 @@ def run_attempt(argv: list[str], env: dict[str, str], cwd: Path, log_path: Path,
                     killed = True
             if exited_at is None and child.popen.poll() is not None:
                 exited_at = clock()
+            if hang_clock is not None and exited_at is None and not killed:
+                if parser.activity_at is not None and parser.activity_at != activity_seen:
+                    activity_seen = parser.activity_at
+                    hang_clock.on_activity(activity_seen)
+                idle = hang_clock.overdue(clock())
+                if idle is not None:
+                    hang_evidence = hooks.on_hang(child.popen.pid, idle, hang_clock, parser.obs)
+                    stopped_live = "hang"
+                    process.stop_tree(child, grace_s)
+                    killed = True
             if exited_at is not None:
                 if eofs >= 2 and events.empty():
                     break
@@ -127,7 +148,7 @@ def run_attempt(argv: list[str], env: dict[str, str], cwd: Path, log_path: Path,
         fault = stopped_live
     else:
         fault = classify_exit(info, scanner.verdict)
-    verdict = scanner.verdict
+    verdict = hang_evidence if fault == "hang" else scanner.verdict
     evidence = verdict if verdict is not None and verdict.fault == fault else None  # never another fault's line
     return AttemptResult(exit_code, sig, obs, fault, evidence, uptime, stop_signal, nan_step, stopped_for_change)
 

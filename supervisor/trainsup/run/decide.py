@@ -13,6 +13,7 @@ from typing import Literal
 
 from ..faults.remedies import NOT_RESTARTABLE, Rung, ladder
 from ..faults.rules import FaultRule
+from ..sensors.hang import hang_spot
 from .policy import Policy
 
 EXIT_GAVE_UP = 3
@@ -84,6 +85,11 @@ def decide(history: History, outcome: Outcome, policy: Policy, now: float,
         reason = _stop_reason(fault, ladder(fault)[0]) if fault in NOT_RESTARTABLE else \
             f"{fault}: its rule says a restart cannot fix it"
         return Decision("stop", EXIT_STOPPED, reason)
+
+    spot = hang_spot(outcome.evidence) if fault == "hang" else None
+    if spot is not None and any(o.fault == "hang" and hang_spot(o.evidence) == spot for o in history.outcomes):
+        return Decision("stop", EXIT_STOPPED, f"hang: it hung again {spot}; a restart will not get past it "
+                        "(the stacks are in the run dir's hang-N.txt)")
 
     recent = [t for t in history.restarts_at if now - t < policy.restart_window_s]
     if len(recent) >= policy.restart_max:

@@ -31,6 +31,8 @@ from ..kohya.profile import final_weights_name
 from ..record.fsutil import publish_copy
 from ..record.journal import Journal
 from ..record.ledger import Ledger, StateRecord
+from ..sensors import stacks
+from ..sensors.hang import HangClock, hang_evidence
 from ..sensors.watch import FileWatcher
 from . import process
 from .attempt import AttemptHooks, AttemptResult, run_attempt
@@ -117,6 +119,7 @@ class Supervisor:
                                self.journal, self.say)
         self.plan.user_dataset, self.plan.dataset_doc = self.live.dataset_src, self.live.dataset_doc
         self.stop_at_checkpoint = False
+        self.hangs = 0  # numbers the hang-N.txt stack reports
         self.watcher = FileWatcher(lambda path, kind: self.events.put(("file_changed", (path, kind))),
                                    self.policy.debounce_s)
         self.live.watch(self.watcher)
@@ -194,11 +197,11 @@ class Supervisor:
         self._transition(RunState.RUNNING)
         hooks = AttemptHooks(self._on_state_done, self._on_progress, self._on_evidence, self._on_summary,
                              self._on_file_changed,
-                             lambda fault: fault in self._live, self.points.final_written)
+                             lambda fault: fault in self._live, self.points.final_written, self._on_hang)
         try:
             result = run_attempt(argv, env, self.spec.cwd, self.run_dir / f"attempt-{attempt}.log",
                                  FaultScanner(self.rules), self.events, hooks, self.policy.stop_grace_s,
-                                 self.policy.pump_wait_s, self.spec.echo, self.spawn, self.clock)
+                                 self.policy.pump_wait_s, self.spec.echo, self.spawn, self.clock, self.policy.hang)
         except process.LaunchError as exc:
             self._transition(RunState.STOPPING)
             return None, Decision("stop", EXIT_STOPPED, f"config_error: {exc}")
@@ -244,6 +247,24 @@ class Supervisor:
         if evidence.fault in self._live:
             self.journal.event("fault_live", **{"class": evidence.fault}, evidence=evidence.line,
                                line=evidence.lineno, attempt=self.attempt_no)
+
+    def _on_hang(self, pid: int, idle_s: float, clock: HangClock, obs: Observations) -> Evidence:
+        """The trainer made no progress for too long: take every Python stack of its tree first."""
+        self.hangs += 1
+        self.say(f"hang: no progress for {idle_s:.0f} s; taking the stacks of the trainer's processes")
+        taken = stacks.capture(pid)
+        frames = [f"pid {s.pid} {s.innermost}" for s in taken if s.innermost]
+        waits = any("dataloader.py" in s.text for s in taken)
+        step = None if clock.step is None else self.resume_step + clock.step
+        text = hang_evidence(idle_s, clock, step, frames, waits)
+        path = self.run_dir / f"hang-{self.hangs}.txt"
+        try:
+            stacks.write_report(taken, path, text)
+        except OSError as exc:
+            self.say(f"warning: cannot write {path}: {exc.strerror or exc}")
+        self.journal.event("hang_stacks", path=str(path), processes=len(taken),
+                           py_spy=all(s.innermost is not None for s in taken), attempt=self.attempt_no)
+        return Evidence("hang", text, obs.lines, "root")
 
     def _on_summary(self, obs: Observations) -> None:
         """The trainer's start-up summary: fix this attempt's step offset, warn of kohya's overshoot."""

@@ -4,6 +4,10 @@ Fed by the pump threads (``ChunkSink``); posts the events the decision loop must
 queue and keeps the rest as ``Observations`` for the end of the attempt. Lines from both streams go
 through one ``FaultScanner`` in arrival order, so a traceback and the launcher noise after it are
 seen in the order the trainer printed them.
+
+For the hang clock it notes, per chunk, whether anything showed progress besides the ``steps`` bar
+(another bar redrawn, or any line while a sampling pass or a save is under way) in ``activity_at``,
+and posts the start of those phases; it never decides anything about hangs itself.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ from __future__ import annotations
 import queue
 import re
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +29,11 @@ MAX_LINES_PER_CHUNK = 2000
 
 # A cheap gate: only lines holding one of these reach a matcher.
 _BOOKKEEPING = re.compile("Random states saved|saving state at step|model saved\\.|resume training from|"
-                          "num batches per epoch|gradient accumulation steps")
+                          "num batches per epoch|gradient accumulation steps|generating sample images|"
+                          "saving checkpoint: ")
+# Phases that print lines (and bars of their own) but move no step: each line of theirs is progress.
+_PHASE_STARTS = (("generating sample images", "sampling"), ("saving checkpoint: ", "saving"),
+                 ("saving state at step", "saving"))
 
 
 @dataclass
@@ -43,10 +53,15 @@ class Observations:
 class OutputParser:
     """Thread-safe: both pump threads call ``feed``; the loop reads ``obs`` after the child ended."""
 
-    def __init__(self, events: queue.Queue[tuple[str, Any]], scanner: FaultScanner) -> None:
+    def __init__(self, events: queue.Queue[tuple[str, Any]], scanner: FaultScanner,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.events = events
         self.scanner = scanner
         self.obs = Observations()
+        self.clock = clock
+        self.activity_at: float | None = None  # last chunk that showed progress besides the steps bar
+        self._phase: str | None = None  # sampling or saving, until the steps bar moves on
+        self._phase_step = 0
         self._splitters: dict[str, LineSplitter] = {}
         self._lock = threading.Lock()
 
@@ -71,8 +86,11 @@ class OutputParser:
 
     def _lines(self, lines: list[str]) -> None:
         newest_bar = None
+        active = False
         for line in lines:
             self.obs.lines += 1
+            if self._phase is not None or ("%|" in line and "steps:" not in line):
+                active = True  # a caching, loading or sampling bar, or a line of a phase at work
             if "steps:" in line:
                 newest_bar = line
                 if line.endswith("]") and "nan" not in line:
@@ -90,9 +108,19 @@ class OutputParser:
             if progress is not None:
                 self.obs.progress = progress
                 self.events.put(("progress", progress))
+                if self._phase is not None and progress.step > self._phase_step:
+                    self._phase = None  # back to training
+        if active:
+            self.activity_at = self.clock()
 
     def _bookkeeping(self, line: str) -> None:
         obs = self.obs
+        for marker, phase in _PHASE_STARTS:
+            if marker in line:
+                self._phase = phase
+                self._phase_step = obs.progress.step if obs.progress is not None else 0
+                self.events.put(("phase", (phase, line)))
+                break
         state_dir = matchers.state_completed(line)
         if state_dir is not None:
             self.events.put(("state_done", state_dir or None))

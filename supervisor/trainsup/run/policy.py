@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from ..sensors.hang import HangPolicy
+
 
 class PolicyError(ValueError):
     pass
@@ -36,7 +38,17 @@ class Policy:
     snapshot_prompts: bool = True  # give each launch a frozen prompt copy (protects cached prompts)
     debounce_s: float = 0.1  # one editor save raises several events: report a file once quiet this long  # after the child exits, how long its pipes may stay open (orphans)
     rules: tuple[Any, ...] = field(default_factory=tuple)  # fault rules added by the user
+    hang_startup_timeout_s: float = 1800.0  # before the first step (see sensors.hang)
+    hang_min_timeout_s: float = 300.0
+    hang_step_factor: float = 10.0
+    hang_phase_timeout_s: float = 1800.0  # sampling, saving; renewed by each line they print
+    hang_timeout_s: float | None = None  # set: one timeout for every phase
     source: str = "<defaults>"
+
+    @property
+    def hang(self) -> HangPolicy:
+        return HangPolicy(self.hang_startup_timeout_s, self.hang_min_timeout_s, self.hang_step_factor,
+                          self.hang_phase_timeout_s, self.hang_timeout_s)
 
 
 def _int(minimum: int) -> Callable[[Any], int]:
@@ -65,6 +77,19 @@ def _opt_int(minimum: int) -> Callable[[Any], int | None]:
             return inner(v)
         except TypeError:
             raise TypeError(f"null or an integer >= {minimum}") from None
+    return conv
+
+
+def _opt_num(minimum: float) -> Callable[[Any], float | None]:
+    inner = _num(minimum)
+
+    def conv(v: Any) -> float | None:
+        if v is None:
+            return None
+        try:
+            return inner(v)
+        except TypeError:
+            raise TypeError(f"null or a number >= {minimum}") from None
     return conv
 
 
@@ -102,6 +127,13 @@ _SCHEMA: dict[str, dict[str, tuple[str, Callable[[Any], Any]]]] = {
         "on_prompt_change": ("on_prompt_change", _choice("at_checkpoint", "now", "ignore")),
         "debounce_s": ("debounce_s", _num(0)),
         "snapshot_prompts": ("snapshot_prompts", _bool),
+    },
+    "hang": {
+        "startup_timeout_s": ("hang_startup_timeout_s", _num(1)),
+        "min_timeout_s": ("hang_min_timeout_s", _num(1)),
+        "step_factor": ("hang_step_factor", _num(1)),
+        "phase_timeout_s": ("hang_phase_timeout_s", _num(1)),
+        "timeout_s": ("hang_timeout_s", _opt_num(1)),
     },
 }
 _TOP_LEVEL = set(_SCHEMA) | {"rules"}

@@ -1,0 +1,97 @@
+"""Owns capturing the Python stacks of a hung process tree, with ``py-spy dump``.
+
+trainsup is the tree's ancestor, so the kernel lets it read the trainer's memory (ptrace) without
+privileges. Every Python process of the tree is dumped (accelerate's launcher, the trainer, its
+DataLoader workers) into one text file; the innermost frame of each process's main thread is what a
+hang's evidence names. Without py-spy the file says so, and supervision goes on.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+# `Thread 0x7F3A (idle): "MainThread"`, or without the name (`Thread 13604 (active+gil)`).
+_THREAD = re.compile(r'^Thread (?:0x[0-9A-Fa-f]+|\d+) \([^)]*\)(?:: "(?P<name>[^"]*)")?')
+_FRAME = re.compile(r"^\s+(?P<func>\S.*?) \((?P<where>[^()]*:\d+)\)\s*$")
+
+
+@dataclass(frozen=True)
+class ProcessStack:
+    pid: int
+    command: str
+    innermost: str | None  # "func (file.py:123)" of the main thread, when py-spy read it
+    text: str  # py-spy's dump, or why there is none
+
+
+def python_tree(root_pid: int) -> list[psutil.Process]:
+    """The root process and its descendants that run a Python interpreter."""
+    try:
+        root = psutil.Process(root_pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+    found = []
+    for proc in tree:
+        try:
+            name = proc.name().lower()
+            exe = Path(proc.cmdline()[0]).name.lower() if proc.cmdline() else ""
+        except psutil.Error:
+            continue
+        if "python" in name or "python" in exe:
+            found.append(proc)
+    return found
+
+
+def innermost_main_frame(dump: str) -> str | None:
+    """``func (file:line)`` of the first frame of the main thread in a py-spy dump."""
+    in_main, threads = False, 0
+    for line in dump.splitlines():
+        m = _THREAD.match(line)
+        if m is not None:
+            threads += 1
+            # py-spy lists the main thread first; it names it when it can
+            in_main = m.group("name") == "MainThread" or (m.group("name") is None and threads == 1)
+            continue
+        if in_main:
+            f = _FRAME.match(line)
+            if f is not None:
+                where = f.group("where").replace("\\", "/").rsplit("/", 1)[-1]
+                return f"{f.group('func')} ({where})"
+    return None
+
+
+def capture(root_pid: int, timeout_s: float = 20.0) -> list[ProcessStack]:
+    """Dump every Python process under ``root_pid``; never raises."""
+    spy = shutil.which("py-spy")
+    stacks = []
+    for proc in python_tree(root_pid):
+        try:
+            command = " ".join(proc.cmdline())
+        except psutil.Error:
+            continue
+        if spy is None:
+            stacks.append(ProcessStack(proc.pid, command, None, "py-spy is not installed: no stacks"))
+            continue
+        try:
+            done = subprocess.run([spy, "dump", "--pid", str(proc.pid)], capture_output=True, text=True,
+                                  timeout=timeout_s, check=False)
+            text = done.stdout if done.returncode == 0 else f"py-spy failed: {done.stderr.strip()[-500:]}"
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            text = f"py-spy failed: {exc}"
+        stacks.append(ProcessStack(proc.pid, command, innermost_main_frame(text), text))
+    return stacks
+
+
+def write_report(stacks: list[ProcessStack], path: Path, header: str) -> None:
+    """The stacks as one text file (``RUN_DIR/hang-N.txt``)."""
+    parts = [header, ""]
+    for s in stacks:
+        parts += [f"=== pid {s.pid}: {s.command}", s.text.rstrip(), ""]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(parts) + "\n", encoding="utf-8")
