@@ -6,6 +6,7 @@ assertion here is about what the real trainer printed and wrote, not about the d
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -103,3 +104,34 @@ def test_a_killed_trainer_resumes_from_its_newest_complete_state_and_overwrites_
     assert lora_keys(out / "tiny.safetensors") == lora_keys(out / "tiny-step00000010.safetensors")
     killed = diagnose(run.run_dir / "attempt-1.log")
     assert killed["fault"] == "host_oom_killed" and "SIGKILL" in killed["evidence"], killed
+
+
+def test_a_frozen_trainer_is_a_hang_with_its_stacks_and_is_resumed(bed: Bed, tmp_path: Path) -> None:
+    # SIGSTOP freezes train_network.py mid-run: no output, no exit, as a deadlock would. With a 5 s
+    # floor the hang is found within seconds; py-spy reads the frozen process's stacks all the same.
+    out = tmp_path / "out"
+    frozen: list[int] = []
+
+    def freeze_after_step_10(event: dict[str, Any]) -> None:
+        if event["event"] == "state_saved" and event["step"] == 10 and not frozen:
+            pid = trainsup_pid_of(out / ".trainsup")
+            trainer = trainer_process(pid) if pid is not None else None
+            assert trainer is not None, "no train_network.py process under trainsup"
+            os.kill(trainer.pid, signal.SIGSTOP)
+            frozen.append(trainer.pid)
+
+    policy = POLICY + "hang:\n  min_timeout_s: 5\n"
+    try:
+        run = supervise(bed.command(out), out, tmp_path, env=bed.env(), policy=policy,
+                        on_event=freeze_after_step_10, timeout=600, cwd=bed.sd_scripts)
+    finally:
+        for pid in frozen:  # never leave a frozen 4 GB trainer behind, whatever happened
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert frozen and [f["class"] for f in run.of("fault")] == ["hang"]
+    evidence = run.of("fault")[0]["evidence"]
+    assert "innermost frames: pid" in evidence and "(train_network.py:" in (run.run_dir / "hang-1.txt").read_text()
+    start = run.of("attempt_start")[-1]
+    assert (start["resume_from"], start["resume_step"]) == (str(out / "tiny-step00000010-state"), 10)
+    assert run.of("finished")[0]["final_weights"] == str(out / "tiny.safetensors")

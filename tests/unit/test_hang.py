@@ -125,3 +125,24 @@ def test_the_output_parser_notes_progress_besides_the_steps_bar_and_nothing_else
     feed(bar.format(n=11) + "\n", 80)  # a new step: the phase is over
     feed("[rank0]:[W] ProcessGroupNCCL.cpp:1 Watchdog: still waiting\n", 140)
     assert parser.activity_at == 80
+
+
+def test_a_completed_state_ends_the_saving_phase() -> None:
+    import queue
+
+    from trainsup.faults.scanner import FaultScanner
+    from trainsup.run.observe import OutputParser
+
+    events: queue.Queue[tuple[str, object]] = queue.Queue()
+    parser = OutputParser(events, FaultScanner(), clock=lambda: 5.0)
+    parser.feed("stdout", b"saving checkpoint: /out/tiny-step00000010.safetensors\n"
+                          b"INFO     saving state at step 10\n"
+                          b"INFO     Random states saved in /out/tiny-step00000010-state/random_states_0.pkl\n")
+    phases = [v[0] for k, v in (events.get() for _ in range(events.qsize())) if k == "phase"]
+    assert phases == ["saving", "saving", "training"]
+    clock = HangClock(POLICY, now=0)
+    for step in range(1, 11):
+        clock.on_step(step, float(step))
+    clock.enter("saving", 11)
+    clock.enter("training", 12)
+    assert clock.timeout() == 300  # a trainer frozen right after its save is found at the training timeout

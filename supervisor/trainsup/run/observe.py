@@ -124,6 +124,9 @@ class OutputParser:
         state_dir = matchers.state_completed(line)
         if state_dir is not None:
             self.events.put(("state_done", state_dir or None))
+            if self._phase == "saving":  # the state's last file: the save is over, training resumes
+                self._phase = None
+                self.events.put(("phase", ("training", line)))
             return
         label = matchers.state_started(line)
         if label is not None:

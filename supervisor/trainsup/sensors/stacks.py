@@ -78,14 +78,25 @@ def capture(root_pid: int, timeout_s: float = 20.0) -> list[ProcessStack]:
         if spy is None:
             stacks.append(ProcessStack(proc.pid, command, None, "py-spy is not installed: no stacks"))
             continue
-        try:
-            done = subprocess.run([spy, "dump", "--pid", str(proc.pid)], capture_output=True, text=True,
-                                  timeout=timeout_s, check=False)
-            text = done.stdout if done.returncode == 0 else f"py-spy failed: {done.stderr.strip()[-500:]}"
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            text = f"py-spy failed: {exc}"
+        text = _dump(spy, proc.pid, timeout_s)
         stacks.append(ProcessStack(proc.pid, command, innermost_main_frame(text), text))
     return stacks
+
+
+def _dump(spy: str, pid: int, timeout_s: float) -> str:
+    """py-spy's dump of one process. py-spy pauses a process to read a consistent stack; one that is
+    stopped already (SIGSTOP, a debugger) cannot be paused again, so it is read without pausing."""
+    failure = ""
+    for extra in ([], ["--nonblocking"]):
+        try:
+            done = subprocess.run([spy, "dump", "--pid", str(pid), *extra], capture_output=True, text=True,
+                                  timeout=timeout_s, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"py-spy failed: {exc}"
+        if done.returncode == 0:
+            return done.stdout
+        failure = " / ".join(done.stderr.strip().splitlines()[:3])
+    return f"py-spy failed: {failure}"
 
 
 def write_report(stacks: list[ProcessStack], path: Path, header: str) -> None:
