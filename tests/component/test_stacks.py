@@ -28,6 +28,9 @@ def test_every_python_process_of_the_tree_is_dumped(tmp_path: Path, frozen: bool
     try:
         wait_until(lambda: len(stacks.python_tree(launcher.pid)) == 2, what="the launcher and its trainer")
         trainer = stacks.python_tree(launcher.pid)[1]
+        # the trainer is in its blocking call once py-spy sees it there (not still starting up)
+        wait_until(lambda: "deadlocked_in_a_collective" in (stacks.capture(trainer.pid)[0].innermost or ""),
+                   what="the trainer blocked")
         if frozen:
             os.kill(trainer.pid, signal.SIGSTOP)
         taken = stacks.capture(launcher.pid)
