@@ -38,17 +38,8 @@ class Policy:
     snapshot_prompts: bool = True  # give each launch a frozen prompt copy (protects cached prompts)
     debounce_s: float = 0.1  # one editor save raises several events: report a file once quiet this long  # after the child exits, how long its pipes may stay open (orphans)
     rules: tuple[Any, ...] = field(default_factory=tuple)  # fault rules added by the user
-    hang_startup_timeout_s: float = 1800.0  # before the first step (see sensors.hang)
-    hang_min_timeout_s: float = 300.0
-    hang_step_factor: float = 10.0
-    hang_phase_timeout_s: float = 1800.0  # sampling, saving; renewed by each line they print
-    hang_timeout_s: float | None = None  # set: one timeout for every phase
+    hang: HangPolicy = field(default_factory=HangPolicy)  # the hang clock's timeouts (see sensors.hang)
     source: str = "<defaults>"
-
-    @property
-    def hang(self) -> HangPolicy:
-        return HangPolicy(self.hang_startup_timeout_s, self.hang_min_timeout_s, self.hang_step_factor,
-                          self.hang_phase_timeout_s, self.hang_timeout_s)
 
 
 def _int(minimum: int) -> Callable[[Any], int]:
@@ -67,29 +58,14 @@ def _num(minimum: float) -> Callable[[Any], float]:
     return conv
 
 
-def _opt_int(minimum: int) -> Callable[[Any], int | None]:
-    inner = _int(minimum)
-
-    def conv(v: Any) -> int | None:
+def _optional(inner: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def conv(v: Any) -> Any:
         if v is None:
             return None
         try:
             return inner(v)
-        except TypeError:
-            raise TypeError(f"null or an integer >= {minimum}") from None
-    return conv
-
-
-def _opt_num(minimum: float) -> Callable[[Any], float | None]:
-    inner = _num(minimum)
-
-    def conv(v: Any) -> float | None:
-        if v is None:
-            return None
-        try:
-            return inner(v)
-        except TypeError:
-            raise TypeError(f"null or a number >= {minimum}") from None
+        except TypeError as exc:
+            raise TypeError(f"null or {exc}") from None
     return conv
 
 
@@ -121,19 +97,20 @@ _SCHEMA: dict[str, dict[str, tuple[str, Callable[[Any], Any]]]] = {
         "factor": ("backoff_factor", _num(1)),
     },
     "stop": {"grace_s": ("stop_grace_s", _num(0)), "pump_wait_s": ("pump_wait_s", _num(0))},
-    "save": {"every_n_steps": ("save_every_n_steps", _opt_int(1))},
+    "save": {"every_n_steps": ("save_every_n_steps", _optional(_int(1)))},
     "environment": {"allow_upgrade": ("allow_upgrade", _bool)},
     "live": {
         "on_prompt_change": ("on_prompt_change", _choice("at_checkpoint", "now", "ignore")),
         "debounce_s": ("debounce_s", _num(0)),
         "snapshot_prompts": ("snapshot_prompts", _bool),
     },
+    # "hang.X" names a field of HangPolicy
     "hang": {
-        "startup_timeout_s": ("hang_startup_timeout_s", _num(1)),
-        "min_timeout_s": ("hang_min_timeout_s", _num(1)),
-        "step_factor": ("hang_step_factor", _num(1)),
-        "phase_timeout_s": ("hang_phase_timeout_s", _num(1)),
-        "timeout_s": ("hang_timeout_s", _opt_num(1)),
+        "startup_timeout_s": ("hang.startup_timeout_s", _num(1)),
+        "min_timeout_s": ("hang.min_timeout_s", _num(1)),
+        "step_factor": ("hang.step_factor", _num(1)),
+        "phase_timeout_s": ("hang.phase_timeout_s", _num(1)),
+        "timeout_s": ("hang.timeout_s", _optional(_num(1))),
     },
 }
 _TOP_LEVEL = set(_SCHEMA) | {"rules"}
@@ -185,7 +162,8 @@ def parse_policy(text: str, source: str) -> Policy:
                 values[name] = conv(raw)
             except TypeError as exc:
                 raise PolicyError(f"{source}:{kline}: {section}.{key}: expected {exc}, got {raw!r}") from None
-    return Policy(source=source, **values)
+    hang = {k.removeprefix("hang."): values.pop(k) for k in list(values) if k.startswith("hang.")}
+    return Policy(source=source, hang=HangPolicy(**hang), **values)
 
 
 def _rules(node: yaml.Node, source: str) -> tuple[Any, ...]:
