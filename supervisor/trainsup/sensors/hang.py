@@ -79,11 +79,6 @@ class HangClock:
         self.phase = phase
         self._progress(now, line)
 
-    def on_phase_line(self, now: float) -> None:
-        """A line printed while sampling or saving: that phase is still at work."""
-        if self.phase in ("sampling", "saving"):
-            self.last_progress = now
-
     def timeout(self) -> float:
         p = self.policy
         if p.timeout_s is not None:
