@@ -3,6 +3,7 @@ finished; slow sampling (longer than the training timeout) never taken for a han
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -49,3 +50,8 @@ def test_sampling_slower_than_the_training_timeout_is_not_a_hang(assets: dict[st
     assert run.returncode == 0, run.stderr[-3000:]
     assert not run.of("fault") and len(run.of("attempt_start")) == 1
     assert len(list((out / "sample").glob("*.png"))) == 2
+    # no NVIDIA driver on this machine: status.json says so, one info event says why, no sampler ran
+    assert json.loads((run.run_dir / "status.json").read_text())["gpu"] is None
+    (info,) = run.of("info")
+    assert info["message"].startswith("GPU monitoring off: ")
+    assert all(e["gpu"] is None for e in run.of("attempt_end"))

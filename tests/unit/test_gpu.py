@@ -2,65 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from types import SimpleNamespace
-from typing import Any
-
+from tests.fakenvml import GIB, FakeNvml, NVMLError, Proc
 from trainsup.commands.doctor import _gpus
 from trainsup.sensors import gpu
-
-GIB = 1 << 30
-
-
-class NVMLError(Exception):
-    pass
-
-
-@dataclass
-class Proc:
-    pid: int
-    usedGpuMemory: int | None  # pynvml's spelling, as are the method names below
-
-
-class FakeNvml:
-    """The pynvml functions the probe uses, over a table of devices."""
-
-    def __init__(self, devices: list[dict[str, Any]], fail_init: bool = False) -> None:
-        self.table = devices
-        self.fail_init = fail_init
-        self.shut = False
-
-    def nvmlInit(self) -> None:
-        if self.fail_init:
-            raise NVMLError("Driver Not Loaded")
-
-    def nvmlShutdown(self) -> None:
-        self.shut = True
-
-    def nvmlSystemGetDriverVersion(self) -> bytes:
-        return b"550.54.15"
-
-    def nvmlDeviceGetCount(self) -> int:
-        return len(self.table)
-
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> dict[str, Any]:
-        return self.table[i]
-
-    def nvmlDeviceGetName(self, h: dict[str, Any]) -> str:
-        return str(h["name"])
-
-    def nvmlDeviceGetMemoryInfo(self, h: dict[str, Any]) -> SimpleNamespace:
-        if h.get("memory_error"):
-            raise NVMLError("Not Supported")
-        return SimpleNamespace(total=80 * GIB, used=h["used"], free=80 * GIB - h["used"])
-
-    def nvmlDeviceGetComputeRunningProcesses(self, h: dict[str, Any]) -> list[Proc]:
-        if h.get("process_error"):
-            raise NVMLError("No Permission")
-        return list(h.get("compute", []))
-
-    def nvmlDeviceGetGraphicsRunningProcesses(self, h: dict[str, Any]) -> list[Proc]:
-        return list(h.get("graphics", []))
 
 
 def test_without_a_gpu_the_null_probe_says_why_in_one_line() -> None:
@@ -92,6 +36,14 @@ def test_nvml_devices_memory_and_processes() -> None:
     assert second.processes == ()
     probe.close()
     assert fake.shut
+
+
+def test_nvml_utilisation_temperature_power_and_uuid() -> None:
+    probe = gpu.probe(FakeNvml([{"name": "A", "used": 0, "uuid": "GPU-5f2c", "util": 97, "temp": 71,
+                                 "milliwatts": 312_500}, {"name": "B", "used": 0}]))
+    busy, bare = probe.devices()
+    assert (busy.uuid, busy.utilization_pct, busy.temperature_c, busy.power_w) == ("GPU-5f2c", 97, 71, 312.5)
+    assert (bare.uuid, bare.utilization_pct, bare.temperature_c, bare.power_w) == (None, None, None, None)
 
 
 def test_a_failed_query_is_unknown_not_zero() -> None:

@@ -27,6 +27,7 @@ from ..kohya.cmdline import TrainerCommand, find_script
 from ..kohya.interpreter import Probe, at_least, probe_versions, trainer_python, upgrade_command
 from ..kohya.sthead import float8_dtypes
 from ..sensors import gpu
+from ..sensors.gpuwatch import visible_devices
 from .doctor_checks import CommandView, Finding, check_command, load_view
 
 __all__ = ["Report", "doctor", "format_text", "run_doctor"]
@@ -188,10 +189,7 @@ def _gpus(make_probe: Callable[[], gpu.GpuProbe], env: Mapping[str, str]) -> lis
             return [Finding("info", "gpu", f"GPU memory unknown: NVML failed ({exc})")]
     finally:
         probe.close()
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and all(p.strip().isdigit() for p in visible.split(",") if p.strip()):
-        wanted = {int(p) for p in visible.split(",") if p.strip()}
-        devices = [d for d in devices if d.index in wanted]
+    devices = visible_devices(devices, env.get("CUDA_VISIBLE_DEVICES"))
     if not devices:
         return [Finding("info", "gpu", f"no GPU visible to the trainer ({probe.reason})")]
     out = []

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 ActionKind = Literal["add_flag", "remove_flag", "set_env", "upgrade", "halve_batch",
-                     "lower_workers", "restart", "stop"]
+                     "lower_workers", "wait_foreign", "restart", "stop"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,8 @@ class Action:
             return "halve --train_batch_size and double --gradient_accumulation_steps"
         if self.kind == "lower_workers":
             return f"lower --max_data_loader_n_workers (to {self.value})"
+        if self.kind == "wait_foreign":
+            return "wait for other programs to free the GPUs' memory, then restart with the same flags"
         if self.kind == "restart":
             return "restart from the last safe state"
         return f"stop: {self.value}"
@@ -63,6 +65,9 @@ def stop(reason: str) -> Rung:
 
 
 RESTART = Rung((Action("restart"),), repeat=True)
+# An OOM while other programs held memory on the trainer's GPUs: wait for them once before the
+# ladder changes any flag (repeat: the ladder stays where it was).
+WAIT_FOREIGN = Rung((Action("wait_foreign"),), repeat=True)
 
 LADDERS: dict[str, tuple[Rung, ...]] = {
     "meta_tensor": (

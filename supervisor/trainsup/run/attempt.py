@@ -1,6 +1,6 @@
 """Owns running one attempt: launch, pump its output, react to live events, stop it, report.
 
-Runs on the decision loop's thread; only the pumps are threads. Live reactions are few and prompt:
+Runs on the decision loop's thread; only the pumps (and the GPU sampler) are threads. Live reactions are few and prompt:
 a live fault (NaN loss), a hang (no progress for the hang clock's timeout; the stacks are taken
 first) or a stop request stops the whole process group at once; a completed state is validated and
 entered in the ledger as soon as its last file is announced.
@@ -47,6 +47,7 @@ class AttemptHooks:
     is_live: Callable[[str], bool]
     success_fallback: Callable[[], bool]  # e.g. the final weights were written during this attempt
     on_hang: Callable[[int, float, HangClock, Observations], Evidence]  # (pid, idle s, clock, obs): stacks
+    on_gpu: Callable[[Any], None] = lambda _samples: None  # a GPU sampler's reading
 
 
 def run_attempt(argv: list[str], env: dict[str, str], cwd: Path, log_path: Path, scanner: FaultScanner,
@@ -96,6 +97,8 @@ def run_attempt(argv: list[str], env: dict[str, str], cwd: Path, log_path: Path,
                     hang_clock.enter(payload[0], clock(), payload[1])
             elif kind == "file_changed":
                 hooks.on_file_changed(payload)
+            elif kind == "gpu":
+                hooks.on_gpu(payload)
             elif kind == "stop_for_change":
                 if not killed and exited_at is None:
                     stopped_for_change = True

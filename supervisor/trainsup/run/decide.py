@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..faults.remedies import NOT_RESTARTABLE, Rung, ladder
+from ..faults.remedies import NOT_RESTARTABLE, WAIT_FOREIGN, Rung, ladder
 from ..faults.rules import FaultRule
 from ..sensors.hang import hang_spot
 from .policy import Policy
@@ -35,6 +35,7 @@ class Outcome:
     saved_new_state: bool
     ended_at: float  # the clock of the decision loop
     stop_signal: int | None = None  # trainsup itself was told to stop
+    foreign_mib: int = 0  # memory other programs held on the trainer's GPUs at the last reading
 
 
 @dataclass
@@ -44,6 +45,7 @@ class History:
     next_rung: dict[str, int] = field(default_factory=dict)
     failures_since_state: int = 0  # drives the backoff; a newly saved state resets it
     quick_exits: int = 0
+    waited_foreign: bool = False  # the last restart waited for other programs' GPU memory
 
 
 Kind = Literal["finish", "restart", "stop", "give_up", "signal"]
@@ -97,10 +99,14 @@ def decide(history: History, outcome: Outcome, policy: Policy, now: float,
                         f"restart budget exhausted: {len(recent)} restarts within "
                         f"{policy.restart_window_s:g} s (restart.max={policy.restart_max}); last fault {fault}")
 
-    chosen = select_rung(fault, history.next_rung.get(fault, 0), applicable)
-    if chosen is None:
-        return Decision("stop", EXIT_STOPPED, f"{fault}: no remedy left that changes this command")
-    index, rung = chosen
+    if fault == "cuda_oom" and outcome.foreign_mib >= policy.gpu.foreign_warn_mib and not history.waited_foreign:
+        # Out of memory while other programs held some of it: not this command's fault, maybe.
+        index, rung = history.next_rung.get(fault, 0), WAIT_FOREIGN
+    else:
+        chosen = select_rung(fault, history.next_rung.get(fault, 0), applicable)
+        if chosen is None:
+            return Decision("stop", EXIT_STOPPED, f"{fault}: no remedy left that changes this command")
+        index, rung = chosen
     if any(a.kind == "stop" for a in rung.actions):
         return Decision("stop", EXIT_STOPPED, _stop_reason(fault, rung), rung, index)
 
@@ -117,6 +123,7 @@ def decide(history: History, outcome: Outcome, policy: Policy, now: float,
 def record(history: History, outcome: Outcome, decision: Decision, now: float) -> None:
     """Fold an outcome and the decision taken into the history (the engine calls this once each)."""
     history.outcomes.append(outcome)
+    history.waited_foreign = decision.rung is WAIT_FOREIGN
     if decision.kind != "restart" or decision.rung is None or decision.rung_index is None:
         return
     history.restarts_at.append(now)

@@ -26,22 +26,23 @@ from typing import Any
 from ..faults.matchers import Progress
 from ..faults.rules import compose_rules
 from ..faults.scanner import Evidence, FaultScanner
-from ..kohya.interpreter import run_upgrade, trainer_python, upgrade_command
 from ..kohya.profile import final_weights_name
 from ..record.fsutil import publish_copy
 from ..record.journal import Journal
 from ..record.ledger import Ledger, StateRecord
-from ..sensors import stacks
+from ..sensors import gpu, stacks
 from ..sensors.hang import HangClock, hang_evidence
 from ..sensors.watch import FileWatcher
 from . import process
 from .attempt import AttemptHooks, AttemptResult, run_attempt
 from .decide import EXIT_STOPPED, Decision, History, Outcome, decide, record, stops_at_once
+from .gpuguard import GpuGuard
 from .live import LiveInputs
 from .observe import Observations
-from .plan import LaunchPlan, apply_action, rung_applies, upgrade_spec
+from .plan import LaunchPlan, rung_applies
 from .policy import Policy
 from .prepare import UsageError, default_run_dir, prepare
+from .remedy import Remedier
 from .resume_points import ResumePoints
 from .runstate import RunState, check_transition
 
@@ -61,11 +62,13 @@ class RunSpec:
 
 class Supervisor:
     def __init__(self, spec: RunSpec, policy: Policy, *, clock: Callable[[], float] = time.monotonic,
-                 spawn: Callable[..., process.Child] = process.spawn) -> None:
+                 spawn: Callable[..., process.Child] = process.spawn,
+                 gpu_probe: Callable[[], gpu.GpuProbe] = gpu.probe) -> None:
         self.spec = spec
         self.policy = policy
         self.clock = clock
         self.spawn = spawn
+        self.gpu_probe = gpu_probe
         self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.state = RunState.STARTING
         self.stop_signal: int | None = None
@@ -109,6 +112,11 @@ class Supervisor:
         for note in p.notes:
             self.say(note)
             self.journal.event("plan_adjusted", note=note)
+        # The baseline of GPU memory is taken now, before anything of this run is launched.
+        self.gpu = GpuGuard(self.gpu_probe(), self.spec.env.get("CUDA_VISIBLE_DEVICES"), self.policy.gpu,
+                            self.journal, self.say, self.clock, self._backoff)
+        self.remedier = Remedier(self.journal, self.say, self.spec.env, self.run_dir)
+        self.wait_foreign = False  # an OOM while other programs held memory: wait for them first
         if p.user_resume is not None:
             problem = self.points.adopt(p.user_resume)
             if problem:
@@ -146,9 +154,10 @@ class Supervisor:
             if decision.kind != "restart":
                 return self._end(decision, attempt)
             self._transition(RunState.REMEDYING)
-            self.plan, stop = self._remedy(self.plan, decision, outcome, result)
-            if stop is not None:
-                return self._end(stop)
+            remedied = self.remedier.apply(self.plan, decision, outcome, self.policy, attempt)
+            if remedied.stop is not None:
+                return self._end(remedied.stop)
+            self.plan, self.wait_foreign = remedied.plan, remedied.wait_foreign
             self._transition(RunState.BACKOFF)
             if self._backoff(decision.delay_s):
                 return self._end(self._stopped_by_signal())
@@ -159,6 +168,8 @@ class Supervisor:
     def _launch(self, attempt: int, plan: LaunchPlan,
                 resume: StateRecord | None) -> tuple[AttemptResult | None, Decision]:
         p = self.prepared
+        if self.gpu.before_launch(attempt, wait_foreign=self.wait_foreign):
+            return None, self._stopped_by_signal()
         launch = plan.copy()
         cmd = launch.command
         # The user's own output name is safe only for a fresh start that nothing of this run has
@@ -197,17 +208,20 @@ class Supervisor:
         self._transition(RunState.RUNNING)
         hooks = AttemptHooks(self._on_state_done, self._on_progress, self._on_evidence, self._on_summary,
                              self._on_file_changed,
-                             lambda fault: fault in self._live, self.points.final_written, self._on_hang)
+                             lambda fault: fault in self._live, self.points.final_written, self._on_hang,
+                             lambda samples: self.journal.status(gpu=self.gpu.status_entries(samples)))
+        spawn = lambda *args: self.gpu.attach(self.spawn(*args), self.events)
         try:
             result = run_attempt(argv, env, self.spec.cwd, self.run_dir / f"attempt-{attempt}.log",
                                  FaultScanner(self.rules), self.events, hooks, self.policy.stop_grace_s,
-                                 self.policy.pump_wait_s, self.spec.echo, self.spawn, self.clock, self.policy.hang)
+                                 self.policy.pump_wait_s, self.spec.echo, spawn, self.clock, self.policy.hang)
         except process.LaunchError as exc:
             self._transition(RunState.STOPPING)
             return None, Decision("stop", EXIT_STOPPED, f"config_error: {exc}")
         return result, Decision("restart")
 
     def _outcome(self, attempt: int, r: AttemptResult, resume: StateRecord | None) -> Outcome:
+        peaks = self.gpu.attempt_ended()
         self._on_summary(r.obs)
         self.points.collect()
         if r.fault == "fp8_serializer" and r.obs.saving_state_label is not None:
@@ -222,16 +236,18 @@ class Supervisor:
         self.journal.event("attempt_end", attempt=attempt, exit_code=r.exit_code, signal=r.signal,
                            child_status=r.obs.child_status, child_signal=r.obs.child_signal,
                            uptime_s=round(r.uptime_s, 3), steps_trained=trained,
-                           step=self.resume_step + trained, skipped_lines=r.obs.skipped_lines)
+                           step=self.resume_step + trained, skipped_lines=r.obs.skipped_lines, gpu=peaks)
+        gpu_at_oom, foreign_mib = self.gpu.oom_details() if r.fault == "cuda_oom" else (None, 0)
         if r.fault is not None:
             self.journal.event("fault", **{"class": r.fault}, evidence=ev.line if ev else None,
-                               line=ev.lineno if ev else None, attempt=attempt)
+                               line=ev.lineno if ev else None, attempt=attempt,
+                               **({"gpu": gpu_at_oom} if gpu_at_oom is not None else {}))
             self.say(f"fault={r.fault} attempt={attempt} evidence={ev.line.strip()[:200] if ev else None!r}")
             self.journal.status(last_fault=r.fault)
         saved_new = self.points.steps_proven() > 0
         return Outcome(attempt, r.exit_code, r.signal, r.obs.child_status, r.obs.child_signal, r.uptime_s,
                        r.fault, ev.line if ev else None, ev.lineno if ev else None, trained, saved_new,
-                       self.clock(), r.stop_signal)
+                       self.clock(), r.stop_signal, foreign_mib)
 
     # --- live hooks ------------------------------------------------------------------------------
     def _on_progress(self, progress: Progress) -> None:
@@ -256,7 +272,7 @@ class Supervisor:
         frames = [f"pid {s.pid} {s.innermost}" for s in taken if s.innermost]
         waits = any("dataloader.py" in s.text for s in taken)
         step = None if clock.step is None else self.resume_step + clock.step
-        text = hang_evidence(idle_s, clock, step, frames, waits)
+        text = hang_evidence(idle_s, clock, step, frames, waits, self.gpu.utilization())
         path = self.run_dir / f"hang-{self.hangs}.txt"
         try:
             stacks.write_report(taken, path, text)
@@ -290,51 +306,13 @@ class Supervisor:
         self.plan.config_doc, self.plan.dataset_doc = self.live.config_doc, self.live.dataset_doc
         if action == "policy":
             self.policy = self.live.policy
+            self.gpu.policy = self.policy.gpu
             self.rules = compose_rules(self.policy.rules)
             self._live = {r.id for r in self.rules if r.live}
         elif action == "now":
             self.events.put(("stop_for_change", None))
         elif action == "at_checkpoint":
             self.stop_at_checkpoint = True
-
-    # --- remedies --------------------------------------------------------------------------------
-    def _remedy(self, plan: LaunchPlan, decision: Decision, outcome: Outcome,
-                result: AttemptResult) -> tuple[LaunchPlan, Decision | None]:
-        assert decision.rung is not None
-        new = plan.copy()
-        done: list[str] = []
-        for action in decision.rung.actions:
-            if action.kind == "upgrade":
-                spec = upgrade_spec(action, outcome.evidence)
-                stop = self._upgrade(new, spec)
-                if stop is not None:
-                    return plan, stop
-                done.append(f"upgraded {spec}")
-                continue
-            change = apply_action(new, action)
-            if change is not None:
-                done.append(change)
-        self.journal.event("remedy", **{"class": outcome.fault}, rung=decision.rung_index, actions=done,
-                           delay_s=round(decision.delay_s, 3))
-        self.say(f"remedy class={outcome.fault} rung={decision.rung_index} actions={'; '.join(done)} "
-                 f"backoff={decision.delay_s:g}s")
-        return new, None
-
-    def _upgrade(self, plan: LaunchPlan, spec: str) -> Decision | None:
-        python = trainer_python(plan.command.launcher, dict(self.spec.env))
-        command = " ".join(upgrade_command(python or "<trainer's python>", f'"{spec}"'))
-        if python is None:
-            return Decision("stop", EXIT_STOPPED, f"fp8_serializer: cannot tell which Python runs the "
-                            f"trainer; run: {command}")
-        if not self.policy.allow_upgrade:
-            return Decision("stop", EXIT_STOPPED, f"fp8_serializer: the trainer's safetensors is too old "
-                            f"and the policy forbids upgrades; run: {command}")
-        self.say(f"upgrading the trainer's serializer (environment.allow_upgrade=true): {command}")
-        rc = run_upgrade(python, spec, self.run_dir / f"upgrade-{self.attempt_no}.log")
-        self.journal.event("environment_upgrade", python=python, spec=spec, exit_code=rc)
-        if rc != 0:
-            return Decision("stop", EXIT_STOPPED, f"fp8_serializer: `{command}` failed (exit {rc})")
-        return None
 
     # --- waiting and ending ----------------------------------------------------------------------
     def _backoff(self, delay: float) -> bool:
@@ -368,9 +346,9 @@ class Supervisor:
             self.state = RunState.GAVE_UP if decision.kind == "give_up" else RunState.STOPPED
             self.say(f"state={self.state.value} exit={code} reason={decision.reason}")
         self.journal.status(state=self.state.value, exit_code=code, reason=decision.reason)
-        watcher = getattr(self, "watcher", None)
-        if watcher is not None:
-            watcher.stop()
+        for sensor in (getattr(self, "watcher", None), getattr(self, "gpu", None)):
+            if sensor is not None:
+                sensor.stop()
         self.journal.close()
         return code
 

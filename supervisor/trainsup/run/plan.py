@@ -145,7 +145,7 @@ def apply_action(plan: LaunchPlan, action: Action) -> str | None:
             return None
         cmd.set("max_data_loader_n_workers", str(target))
         return f"--max_data_loader_n_workers {target}"
-    if action.kind in ("restart", "upgrade", "stop"):
+    if action.kind in ("restart", "upgrade", "stop", "wait_foreign"):
         return action.describe()  # carried out by the engine, not by an edit of the command
     raise ValueError(f"unknown action kind {action.kind!r}")
 
@@ -157,7 +157,7 @@ def rung_applies(plan: LaunchPlan, rung: Rung, evidence: str | None = None) -> b
         return False
     trial = plan.copy()
     for action in rung.actions:
-        if action.kind in ("restart", "upgrade", "stop"):
+        if action.kind in ("restart", "upgrade", "stop", "wait_foreign"):
             return True
         try:
             if apply_action(trial, action) is not None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from ..sensors.gpuwatch import GpuPolicy
 from ..sensors.hang import HangPolicy
 
 
@@ -33,12 +34,13 @@ class Policy:
     stop_grace_s: float = 30.0
     save_every_n_steps: int | None = None  # None: about 10% of --max_train_steps
     allow_upgrade: bool = True
-    pump_wait_s: float = 2.0
+    pump_wait_s: float = 2.0  # after the child exits, how long its pipes may stay open (orphans)
     on_prompt_change: str = "at_checkpoint"  # at_checkpoint | now | ignore, for trainers that cache prompts
     snapshot_prompts: bool = True  # give each launch a frozen prompt copy (protects cached prompts)
-    debounce_s: float = 0.1  # one editor save raises several events: report a file once quiet this long  # after the child exits, how long its pipes may stay open (orphans)
+    debounce_s: float = 0.1  # one editor save raises several events: report a file once quiet this long
     rules: tuple[Any, ...] = field(default_factory=tuple)  # fault rules added by the user
     hang: HangPolicy = field(default_factory=HangPolicy)  # the hang clock's timeouts (see sensors.hang)
+    gpu: GpuPolicy = field(default_factory=GpuPolicy)  # sampling and relaunch waits (see sensors.gpuwatch)
     source: str = "<defaults>"
 
 
@@ -104,13 +106,20 @@ _SCHEMA: dict[str, dict[str, tuple[str, Callable[[Any], Any]]]] = {
         "debounce_s": ("debounce_s", _num(0)),
         "snapshot_prompts": ("snapshot_prompts", _bool),
     },
-    # "hang.X" names a field of HangPolicy
+    # "hang.X" names a field of HangPolicy, "gpu.X" one of GpuPolicy
     "hang": {
         "startup_timeout_s": ("hang.startup_timeout_s", _num(1)),
         "min_timeout_s": ("hang.min_timeout_s", _num(1)),
         "step_factor": ("hang.step_factor", _num(1)),
         "phase_timeout_s": ("hang.phase_timeout_s", _num(1)),
         "timeout_s": ("hang.timeout_s", _optional(_num(1))),
+    },
+    "gpu": {
+        "poll_s": ("gpu.poll_s", _num(0.05)),
+        "reclaim_tolerance_mib": ("gpu.reclaim_tolerance_mib", _num(0)),
+        "reclaim_timeout_s": ("gpu.reclaim_timeout_s", _num(0)),
+        "foreign_warn_mib": ("gpu.foreign_warn_mib", _num(0)),
+        "on_foreign": ("gpu.on_foreign", _choice("warn", "wait")),
     },
 }
 _TOP_LEVEL = set(_SCHEMA) | {"rules"}
@@ -162,8 +171,9 @@ def parse_policy(text: str, source: str) -> Policy:
                 values[name] = conv(raw)
             except TypeError as exc:
                 raise PolicyError(f"{source}:{kline}: {section}.{key}: expected {exc}, got {raw!r}") from None
-    hang = {k.removeprefix("hang."): values.pop(k) for k in list(values) if k.startswith("hang.")}
-    return Policy(source=source, hang=HangPolicy(**hang), **values)
+    nested = {section: {k.removeprefix(f"{section}."): values.pop(k) for k in list(values)
+                        if k.startswith(f"{section}.")} for section in ("hang", "gpu")}
+    return Policy(source=source, hang=HangPolicy(**nested["hang"]), gpu=GpuPolicy(**nested["gpu"]), **values)
 
 
 def _rules(node: yaml.Node, source: str) -> tuple[Any, ...]:

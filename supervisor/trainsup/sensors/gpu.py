@@ -1,7 +1,8 @@
 """Owns asking the GPUs how much memory they have and who holds it: the ``GpuProbe`` protocol.
 
 ``NvmlProbe`` reads NVIDIA's management library through ``pynvml`` (the ``nvidia-ml-py``
-package): per device the total, used and free memory and the processes holding memory.
+package): per device its UUID, the total, used and free memory, utilisation, temperature, power
+draw and the processes holding memory.
 ``NullProbe`` stands in where there is no GPU, driver or library, with a one-line reason.
 ``probe()`` picks NVML when it initialises, else the null probe; it never raises.
 
@@ -32,6 +33,10 @@ class GpuDevice:
     used_bytes: int | None
     free_bytes: int | None
     processes: tuple[GpuProcess, ...] | None  # None: the process list could not be read
+    uuid: str | None = None  # "GPU-8c1e...": what CUDA_VISIBLE_DEVICES may name instead of the index
+    utilization_pct: int | None = None  # busy share of the last sample period
+    temperature_c: int | None = None
+    power_w: float | None = None
 
 
 class GpuProbe(Protocol):
@@ -124,7 +129,13 @@ class NvmlProbe:
             total = _bytes(getattr(memory, "total", None))
             used = _bytes(getattr(memory, "used", None))
             free = _bytes(getattr(memory, "free", None))
-            out.append(GpuDevice(index, name, total, used, free, self._processes(handle)))
+            uuid = self._ask(lambda h=handle: _text(nvml.nvmlDeviceGetUUID(h)))
+            rates = self._ask(lambda h=handle: nvml.nvmlDeviceGetUtilizationRates(h))
+            temperature = self._ask(lambda h=handle: nvml.nvmlDeviceGetTemperature(h, 0))  # 0: the GPU die
+            milliwatts = _count(self._ask(lambda h=handle: nvml.nvmlDeviceGetPowerUsage(h)))
+            out.append(GpuDevice(index, name, total, used, free, self._processes(handle), uuid,
+                                 _count(getattr(rates, "gpu", None)), _count(temperature),
+                                 None if milliwatts is None else milliwatts / 1000))
         return out
 
     def _processes(self, handle: object) -> tuple[GpuProcess, ...] | None:
@@ -159,6 +170,12 @@ def _bytes(value: object) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         return None  # pynvml gives None (or a huge sentinel) when a value is not available
     return value if value < 1 << 62 else None
+
+
+def _count(value: object) -> int | None:
+    """A small reading (percent, degrees, milliwatts); NVML's "not available" sentinels are None."""
+    got = _bytes(value)
+    return got if got is not None and got < 1 << 31 else None
 
 
 def probe(nvml: Any = None) -> GpuProbe:

@@ -100,13 +100,16 @@ class HangClock:
             self.last_line = line
 
 
-def hang_evidence(idle_s: float, clock: HangClock, step: int | None, frames: list[str], dataloader: bool) -> str:
-    """The one-line evidence of a hang: how long, where (absolute step, innermost frames), what last moved."""
+def hang_evidence(idle_s: float, clock: HangClock, step: int | None, frames: list[str], dataloader: bool,
+                  gpu: str | None = None) -> str:
+    """The one-line evidence of a hang: how long, where (absolute step, innermost frames), what last
+    moved, and the GPUs' utilisation when known (a hint, never the trigger)."""
     where = f"at step {step}" if step is not None else "before the first step"
     inner = "; ".join(frames) if frames else "no stacks"
     wait = " (the stacks show DataLoader waits)" if dataloader else ""
+    busy = f"; {gpu}" if gpu else ""
     return (f"no progress for {idle_s:.0f} s {where} (timeout {clock.timeout():.0f} s, {clock.phase}); "
-            f"innermost frames: {inner}{wait}; last progress: {clock.last_line.strip()[:200]!r}")
+            f"innermost frames: {inner}{wait}; last progress: {clock.last_line.strip()[:200]!r}{busy}")
 
 
 _SPOT = re.compile(r"(at step \d+|before the first step) .*?; innermost frames: (.*?)(?: \(the stacks|; last progress)")

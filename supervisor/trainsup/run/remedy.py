@@ -1,0 +1,74 @@
+"""Owns carrying out a decided rung: edits of the launch plan, the serializer upgrade, and the
+note that the next launch must first wait for other programs' GPU memory.
+
+The decision (``run.decide``) says which rung; this module changes a copy of the plan, journals
+``remedy`` with what it did, and says it on the console. A rung that cannot be carried out (the
+upgrade is forbidden or fails) becomes a stop with the command the user can run instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..kohya.interpreter import run_upgrade, trainer_python, upgrade_command
+from ..record.journal import Journal
+from .decide import EXIT_STOPPED, Decision, Outcome
+from .plan import LaunchPlan, apply_action, upgrade_spec
+from .policy import Policy
+
+
+@dataclass(frozen=True)
+class Remedied:
+    plan: LaunchPlan
+    stop: Decision | None = None  # the rung could not be carried out
+    wait_foreign: bool = False  # the next launch waits for other programs to free GPU memory
+
+
+@dataclass
+class Remedier:
+    journal: Journal
+    say: Callable[[str], None]
+    env: Mapping[str, str]  # the trainer's environment: which Python runs it
+    run_dir: Path
+
+    def apply(self, plan: LaunchPlan, decision: Decision, outcome: Outcome, policy: Policy,
+              attempt: int) -> Remedied:
+        assert decision.rung is not None
+        new = plan.copy()
+        done: list[str] = []
+        wait_foreign = False
+        for action in decision.rung.actions:
+            if action.kind == "upgrade":
+                spec = upgrade_spec(action, outcome.evidence)
+                stop = self._upgrade(new, spec, policy, attempt)
+                if stop is not None:
+                    return Remedied(plan, stop)
+                done.append(f"upgraded {spec}")
+                continue
+            wait_foreign = wait_foreign or action.kind == "wait_foreign"
+            change = apply_action(new, action)
+            if change is not None:
+                done.append(change)
+        self.journal.event("remedy", **{"class": outcome.fault}, rung=decision.rung_index, actions=done,
+                           delay_s=round(decision.delay_s, 3))
+        self.say(f"remedy class={outcome.fault} rung={decision.rung_index} actions={'; '.join(done)} "
+                 f"backoff={decision.delay_s:g}s")
+        return Remedied(new, None, wait_foreign)
+
+    def _upgrade(self, plan: LaunchPlan, spec: str, policy: Policy, attempt: int) -> Decision | None:
+        python = trainer_python(plan.command.launcher, dict(self.env))
+        command = " ".join(upgrade_command(python or "<trainer's python>", f'"{spec}"'))
+        if python is None:
+            return Decision("stop", EXIT_STOPPED, f"fp8_serializer: cannot tell which Python runs the "
+                            f"trainer; run: {command}")
+        if not policy.allow_upgrade:
+            return Decision("stop", EXIT_STOPPED, f"fp8_serializer: the trainer's safetensors is too old "
+                            f"and the policy forbids upgrades; run: {command}")
+        self.say(f"upgrading the trainer's serializer (environment.allow_upgrade=true): {command}")
+        rc = run_upgrade(python, spec, self.run_dir / f"upgrade-{attempt}.log")
+        self.journal.event("environment_upgrade", python=python, spec=spec, exit_code=rc)
+        if rc != 0:
+            return Decision("stop", EXIT_STOPPED, f"fp8_serializer: `{command}` failed (exit {rc})")
+        return None
