@@ -260,3 +260,22 @@ def test_the_gpu_section_of_the_policy() -> None:
     assert p.hang == Policy().hang
     with pytest.raises(PolicyError, match=r"^p\.yaml:3: gpu\.on_foreign: expected warn \| wait, got 'kill'$"):
         parse_policy("gpu:\n  poll_s: 1\n  on_foreign: kill\n", "p.yaml")
+
+
+def test_a_hangs_evidence_names_the_gpus_utilisation_while_the_attempt_runs(tmp_path: Path, trainer: Any) -> None:
+    from trainsup.sensors.hang import HangClock, HangPolicy, hang_evidence, hang_spot
+
+    proc, _ = trainer
+    t, said = FakeTime(), []
+    guard, _ = _guard(tmp_path, lambda: [{"name": "A", "used": GIB, "util": 0, "compute": []},
+                                         {"name": "B", "used": GIB, "compute": []}], t, said)
+    events: queue.Queue[tuple[str, Any]] = queue.Queue()
+    guard.attach(Child(proc, 0.0), events)  # type: ignore[arg-type]
+    assert events.get(timeout=5)[0] == "gpu"
+    assert guard.utilization() == "GPU 0 at 0%"  # GPU 1 does not say: left out, not 0
+    text = hang_evidence(400, HangClock(HangPolicy(), 0.0), 12, ["pid 7 wait (threading.py:320)"], False,
+                         guard.utilization())
+    assert text.endswith("; GPU 0 at 0%")
+    assert hang_spot(text) == "at step 12, pid 7 wait (threading.py:320)"  # the spot ignores the utilisation
+    guard.attempt_ended()
+    assert guard.utilization() is None

@@ -170,6 +170,7 @@ class Supervisor:
         p = self.prepared
         if self.gpu.before_launch(attempt, wait_foreign=self.wait_foreign):
             return None, self._stopped_by_signal()
+        self.wait_foreign = False
         launch = plan.copy()
         cmd = launch.command
         # The user's own output name is safe only for a fresh start that nothing of this run has
