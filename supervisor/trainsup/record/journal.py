@@ -49,6 +49,11 @@ class Journal:
             except OSError as exc:
                 self._failed(exc)
 
+    def snapshot(self) -> dict[str, Any]:
+        """The status as last written (a copy)."""
+        with self._lock:
+            return dict(self._status)
+
     def _failed(self, exc: OSError) -> None:
         self.write_errors += 1
         if self.write_errors == 1:

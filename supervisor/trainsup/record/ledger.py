@@ -22,6 +22,7 @@ class AttemptRecord:
     output_name: str | None
     resume_step: int  # absolute step the attempt started from (0 = from scratch)
     offset: int | None  # absolute = label + offset; None until the start-up summary was seen
+    started: float | None = None  # time.time() at launch: files older than this are not its own
 
 
 @dataclass
@@ -38,6 +39,23 @@ class Ledger:
     attempts: list[AttemptRecord] = field(default_factory=list)
     states: list[StateRecord] = field(default_factory=list)
     bad_states: list[str] = field(default_factory=list)  # never resume from these
+
+    @classmethod
+    def load(cls, path: Path) -> Ledger:
+        """The ledger a previous supervisor of this run dir left (it may have died mid-run), or an
+        empty one; an unreadable ledger is set aside, never overwritten in place."""
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            return cls(path, [AttemptRecord(**a) for a in data.get("attempts", [])],
+                       [StateRecord(**s) for s in data.get("states", [])], list(data.get("bad_states", [])))
+        except FileNotFoundError:
+            return cls(path)
+        except (OSError, ValueError, TypeError, AttributeError):
+            try:
+                path.replace(path.with_name(f"{path.name}.unreadable"))
+            except OSError:
+                pass
+            return cls(path)
 
     def save(self) -> None:
         data = {"attempts": [asdict(a) for a in self.attempts],

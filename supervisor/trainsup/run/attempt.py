@@ -48,6 +48,7 @@ class AttemptHooks:
     success_fallback: Callable[[], bool]  # e.g. the final weights were written during this attempt
     on_hang: Callable[[int, float, HangClock, Observations], Evidence]  # (pid, idle s, clock, obs): stacks
     on_gpu: Callable[[Any], None] = lambda _samples: None  # a GPU sampler's reading
+    on_tick: Callable[[], None] = lambda: None  # every pass of the loop (systemd's watchdog)
 
 
 def run_attempt(argv: list[str], env: dict[str, str], cwd: Path, log_path: Path, scanner: FaultScanner,
@@ -75,6 +76,7 @@ def run_attempt(argv: list[str], env: dict[str, str], cwd: Path, log_path: Path,
     activity_seen: float | None = None
     try:
         while True:
+            hooks.on_tick()
             try:
                 kind, payload = events.get(timeout=0.1)
             except queue.Empty:

@@ -3,14 +3,12 @@
 One event queue and one decision loop; threads only produce events. An attempt that resumes, or
 that starts over after an earlier attempt of this run wrote files, writes under its own
 ``--output_name`` (``NAME-trainsupN``): kohya labels post-resume saves with wrong step numbers and
-would otherwise overwrite earlier states and weights. The ledger maps every state to its absolute step, and the final weights are published
-where the user's command puts them.
+would otherwise overwrite earlier states and weights. The ledger maps every state to its absolute
+step; the final weights are published where the user's command puts them.
 """
-
 from __future__ import annotations
 
 import errno
-import fcntl
 import functools
 import math
 import os
@@ -26,12 +24,11 @@ from typing import Any
 from ..faults.matchers import Progress
 from ..faults.rules import compose_rules
 from ..faults.scanner import Evidence, FaultScanner
-from ..kohya.profile import final_weights_name
-from ..record.fsutil import publish_copy
 from ..record.journal import Journal
 from ..record.ledger import Ledger, StateRecord
+from ..record.runlock import LockHeld, RunLock
 from ..sensors import gpu, stacks
-from ..sensors.hang import HangClock, hang_evidence
+from ..sensors.hang import HangClock
 from ..sensors.watch import FileWatcher
 from . import process
 from .attempt import AttemptHooks, AttemptResult, run_attempt
@@ -42,11 +39,15 @@ from .observe import Observations
 from .plan import LaunchPlan, rung_applies
 from .policy import Policy
 from .prepare import UsageError, default_run_dir, prepare
+from .project import Project
 from .remedy import Remedier
 from .resume_points import ResumePoints
 from .runstate import RunState, check_transition
+from .sdnotify import Notifier, status_line
+from .takeover import forget_trainer, record_trainer, take_over
 
 CHILD_ENV_DEFAULTS = {"COLUMNS": "250", "PYTHONUNBUFFERED": "1"}
+SUPERVISOR_ONLY_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")  # systemd speaks to trainsup alone
 STATUS_INTERVAL_S = 0.25
 
 
@@ -58,17 +59,21 @@ class RunSpec:
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     echo: bool = True  # pass the child's output through to our stdout/stderr
     policy_path: Path | None = None  # watched: an edit of the policy applies to the running supervisor
+    project: Project | None = None  # run from a project file (policy_path is that file)
 
 
 class Supervisor:
     def __init__(self, spec: RunSpec, policy: Policy, *, clock: Callable[[], float] = time.monotonic,
                  spawn: Callable[..., process.Child] = process.spawn,
-                 gpu_probe: Callable[[], gpu.GpuProbe] = gpu.probe) -> None:
+                 gpu_probe: Callable[[], gpu.GpuProbe] = gpu.probe,
+                 notify_env: Mapping[str, str] = os.environ) -> None:
         self.spec = spec
         self.policy = policy
         self.clock = clock
         self.spawn = spawn
         self.gpu_probe = gpu_probe
+        self.notifier = Notifier(notify_env, clock)  # systemd's Type=notify; inert outside systemd
+        self.reexec = False  # set when the run goes on in a new supervisor (an edited project command)
         self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.state = RunState.STARTING
         self.stop_signal: int | None = None
@@ -92,20 +97,22 @@ class Supervisor:
         self.run_dir = (self.spec.run_dir or default_run_dir(p, self.spec.cwd)).resolve()
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._lock = open(self.run_dir / "lock", "w")  # noqa: SIM115 - held for the whole run
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            self._lock = RunLock(self.run_dir)
+            self._lock.acquire()
+        except LockHeld:
             self.say(f"error: another trainsup run holds {self.run_dir}")
             return 2
         except OSError as exc:
             self.say(f"error: cannot use run dir {self.run_dir}: {exc}")
             return 2
         self.journal = Journal(self.run_dir)
-        self.ledger = Ledger(self.run_dir / "ledger.json")
+        take_over(self.run_dir, self.journal, self.say, self.policy.stop_grace_s)  # a dead supervisor's run
+        self.ledger = Ledger.load(self.run_dir / "ledger.json")
         self.history = History()
         self.nan_abs_step: int | None = None
         self.points = ResumePoints(self.ledger, p.output_dir or self.spec.cwd,
                                    p.plan.value("mixed_precision") == "fp16", self.journal, self.say)
+        self.points.continue_ledger()
         first = 1 + sum(1 for _ in self.run_dir.glob("attempt-*.log"))
         self.journal.event("run_start", argv=list(self.spec.argv), run_dir=str(self.run_dir),
                            policy=self.policy.source)
@@ -124,10 +131,10 @@ class Supervisor:
                                           f"is not a complete state: {problem}"))
         self.plan = p.plan
         self.live = LiveInputs(self.plan, self.spec.cwd, self.run_dir, self.policy, self.spec.policy_path,
-                               self.journal, self.say)
+                               self.journal, self.say, self.spec.project)
         self.plan.user_dataset, self.plan.dataset_doc = self.live.dataset_src, self.live.dataset_doc
         self.stop_at_checkpoint = False
-        self.hangs = 0  # numbers the hang-N.txt stack reports
+        self.hangs = len(list(self.run_dir.glob("hang-*.txt")))  # numbers the hang-N.txt stack reports
         self.watcher = FileWatcher(lambda path, kind: self.events.put(("file_changed", (path, kind))),
                                    self.policy.debounce_s)
         self.live.watch(self.watcher)
@@ -143,6 +150,8 @@ class Supervisor:
             outcome = self._outcome(attempt, result, resume)
             self._transition(RunState.STOPPING)
             if result.stopped_for_change and outcome.stop_signal is None:
+                if self.live.project_next is not None:
+                    return self._hand_over()
                 # Stopped on purpose at a checkpoint to apply an edit: relaunch at once, no budget spent.
                 self._transition(RunState.STARTING)
                 attempt += 1
@@ -168,9 +177,9 @@ class Supervisor:
     def _launch(self, attempt: int, plan: LaunchPlan,
                 resume: StateRecord | None) -> tuple[AttemptResult | None, Decision]:
         p = self.prepared
-        if self.gpu.before_launch(attempt, wait_foreign=self.wait_foreign):
+        wait_foreign, self.wait_foreign = self.wait_foreign, False
+        if self.gpu.before_launch(attempt, wait_foreign=wait_foreign):
             return None, self._stopped_by_signal()
-        self.wait_foreign = False
         launch = plan.copy()
         cmd = launch.command
         # The user's own output name is safe only for a fresh start that nothing of this run has
@@ -196,26 +205,26 @@ class Supervisor:
                                   f"{self.run_dir}: {exc.strerror or exc}")
         resume_step = resume.step if resume else 0
         self.points.begin(attempt, output_name, resume_step)
-        argv = cmd.argv()
-        env = {**CHILD_ENV_DEFAULTS, **self.spec.env, **launch.env}  # the user's own values win
-        self.attempt_no, self.resume_step = attempt, resume_step
+        argv, self.attempt_no, self.resume_step = cmd.argv(), attempt, resume_step
+        env = {k: v for k, v in {**CHILD_ENV_DEFAULTS, **self.spec.env, **launch.env}.items()  # the user's win
+               if k not in SUPERVISOR_ONLY_ENV}
         self.journal.event("attempt_start", attempt=attempt, argv=argv,
                            resume_from=resume.dir if resume else None, resume_step=resume_step,
                            env=launch.env)
         self.say(f"state=starting attempt={attempt} resume_from={resume.dir if resume else None} "
                  f"step={resume_step}")
-        self.journal.status(state="running", attempt=attempt, step=resume_step,
+        self._status(state="running", attempt=attempt, step=resume_step,
                             total=p.max_train_steps, run_dir=str(self.run_dir))
         self._transition(RunState.RUNNING)
         hooks = AttemptHooks(self._on_state_done, self._on_progress, self._on_evidence, self._on_summary,
                              self._on_file_changed,
                              lambda fault: fault in self._live, self.points.final_written, self._on_hang,
-                             lambda samples: self.journal.status(gpu=self.gpu.status_entries(samples)))
-        spawn = lambda *args: self.gpu.attach(self.spawn(*args), self.events)
+                             lambda samples: self._status(gpu=self.gpu.status_entries(samples)),
+                             self.notifier.tick)
         try:
             result = run_attempt(argv, env, self.spec.cwd, self.run_dir / f"attempt-{attempt}.log",
                                  FaultScanner(self.rules), self.events, hooks, self.policy.stop_grace_s,
-                                 self.policy.pump_wait_s, self.spec.echo, spawn, self.clock, self.policy.hang)
+                                 self.policy.pump_wait_s, self.spec.echo, self._spawn, self.clock, self.policy.hang)
         except process.LaunchError as exc:
             self._transition(RunState.STOPPING)
             return None, Decision("stop", EXIT_STOPPED, f"config_error: {exc}")
@@ -223,13 +232,14 @@ class Supervisor:
 
     def _outcome(self, attempt: int, r: AttemptResult, resume: StateRecord | None) -> Outcome:
         peaks = self.gpu.attempt_ended()
+        forget_trainer(self.run_dir)
         self._on_summary(r.obs)
         self.points.collect()
         if r.fault == "fp8_serializer" and r.obs.saving_state_label is not None:
             self.points.mark_failed_save(r.obs.saving_state_label)
         # The bar may lag its last redraw; a state this attempt saved proves how far it got.
         trained = max(r.obs.progress.step if r.obs.progress else 0, self.points.steps_proven())
-        self.journal.status(step=self.resume_step + trained)  # progress snapshots are throttled
+        self._status(step=self.resume_step + trained)  # progress snapshots are throttled
         self.nan_abs_step = None if r.nan_progress_step is None else self.resume_step + r.nan_progress_step
         if self.nan_abs_step is not None:
             self.points.mark_tainted(self.nan_abs_step)  # saved at or after the NaN: never a resume point
@@ -244,11 +254,19 @@ class Supervisor:
                                line=ev.lineno if ev else None, attempt=attempt,
                                **({"gpu": gpu_at_oom} if gpu_at_oom is not None else {}))
             self.say(f"fault={r.fault} attempt={attempt} evidence={ev.line.strip()[:200] if ev else None!r}")
-            self.journal.status(last_fault=r.fault)
+            self._status(last_fault=r.fault)
         saved_new = self.points.steps_proven() > 0
         return Outcome(attempt, r.exit_code, r.signal, r.obs.child_status, r.obs.child_signal, r.uptime_s,
                        r.fault, ev.line if ev else None, ev.lineno if ev else None, trained, saved_new,
                        self.clock(), r.stop_signal, foreign_mib)
+
+    def _spawn(self, argv: list[str], env: dict[str, str], cwd: Path | None) -> process.Child:
+        child = self.spawn(argv, env, cwd)
+        self.child_pid = child.pid
+        record_trainer(self.run_dir, child.pid, self.attempt_no)  # for the next supervisor, should we die
+        self.gpu.attach(child, self.events)
+        self.notifier.ready()  # systemd: started once the first trainer is launched
+        return child
 
     # --- live hooks ------------------------------------------------------------------------------
     def _on_progress(self, progress: Progress) -> None:
@@ -257,7 +275,7 @@ class Supervisor:
             return  # a snapshot a few times a second is plenty; the bar may redraw far more often
         self._status_written = now
         loss = None if progress.loss is None or math.isnan(progress.loss) else progress.loss
-        self.journal.status(step=self.resume_step + progress.step, total=self.prepared.max_train_steps,
+        self._status(step=self.resume_step + progress.step, total=self.prepared.max_train_steps,
                             loss=loss, rate=progress.rate)
 
     def _on_evidence(self, evidence: Evidence) -> None:
@@ -269,22 +287,18 @@ class Supervisor:
         """The trainer made no progress for too long: take every Python stack of its tree first."""
         self.hangs += 1
         self.say(f"hang: no progress for {idle_s:.0f} s; taking the stacks of the trainer's processes")
-        taken = stacks.capture(pid)
-        frames = [f"pid {s.pid} {s.innermost}" for s in taken if s.innermost]
-        waits = any("dataloader.py" in s.text for s in taken)
         step = None if clock.step is None else self.resume_step + clock.step
-        text = hang_evidence(idle_s, clock, step, frames, waits, self.gpu.utilization())
         path = self.run_dir / f"hang-{self.hangs}.txt"
-        try:
-            stacks.write_report(taken, path, text)
-        except OSError as exc:
-            self.say(f"warning: cannot write {path}: {exc.strerror or exc}")
+        text, taken, error = stacks.hang_report(pid, idle_s, clock, step, self.gpu.utilization(), path)
+        if error:
+            self.say(f"warning: cannot write {path}: {error}")
         self.journal.event("hang_stacks", path=str(path), processes=len(taken),
                            py_spy=all(s.innermost is not None for s in taken), attempt=self.attempt_no)
         return Evidence("hang", text, obs.lines, "root")
 
     def _on_summary(self, obs: Observations) -> None:
         """The trainer's start-up summary: fix this attempt's step offset, warn of kohya's overshoot."""
+        record_trainer(self.run_dir, self.child_pid, self.attempt_no)  # the training child exists by now
         extra = self.points.summary(obs, self.prepared.max_train_steps)
         if extra:
             self.journal.event("warning", attempt=self.attempt_no, extra_steps=extra,
@@ -293,7 +307,7 @@ class Supervisor:
                      "(its epochs are not whole); choose max_train_steps as a multiple of the steps per epoch")
 
     def _on_state_done(self, path: str | None, obs: Observations) -> None:
-        only = Path(path) if path and Path(path).is_dir() else None  # no path: look at them all
+        only = self.spec.cwd / path if path and (self.spec.cwd / path).is_dir() else None  # None: look at all
         self._on_summary(obs)
         new = self.points.collect(only)
         if self.stop_at_checkpoint and new:
@@ -305,14 +319,14 @@ class Supervisor:
         action = self.live.on_change(*change)
         # remedies read the accepted configs
         self.plan.config_doc, self.plan.dataset_doc = self.live.config_doc, self.live.dataset_doc
-        if action == "policy":
+        if action in ("policy", "command"):
             self.policy = self.live.policy
             self.gpu.policy = self.policy.gpu
             self.rules = compose_rules(self.policy.rules)
             self._live = {r.id for r in self.rules if r.live}
         elif action == "now":
             self.events.put(("stop_for_change", None))
-        elif action == "at_checkpoint":
+        elif action in ("at_checkpoint", "command"):
             self.stop_at_checkpoint = True
 
     # --- waiting and ending ----------------------------------------------------------------------
@@ -320,6 +334,7 @@ class Supervisor:
         """Wait ``delay`` seconds; True when a stop signal arrived meanwhile."""
         deadline = self.clock() + delay
         while self.stop_signal is None:
+            self.notifier.tick()
             left = deadline - self.clock()
             if left <= 0:
                 return False
@@ -331,6 +346,16 @@ class Supervisor:
                 self._on_file_changed(payload)
         return True
 
+    def _hand_over(self) -> int:
+        """The project's command was edited and a checkpoint is complete: end this supervisor so the
+        CLI starts a new one on the edited file, which resumes from that checkpoint (``reexec``)."""
+        self.journal.event("supervisor_restart", reason="the project's command changed", attempt=self.attempt_no)
+        self.say("the project's command changed: restarting trainsup on the edited file")
+        self._close()
+        self._lock.release()
+        self.reexec = True
+        return 0
+
     def _stopped_by_signal(self) -> Decision:
         sig = self.stop_signal or signal.SIGTERM
         return Decision("signal", 128 + sig, f"stopped by {signal.Signals(sig).name}")
@@ -338,7 +363,7 @@ class Supervisor:
     def _end(self, decision: Decision, attempt: int | None = None) -> int:
         code = decision.exit_code if decision.exit_code is not None else EXIT_STOPPED
         if decision.kind == "finish":
-            final = self._publish_final()
+            final = self.points.publish_final(self.prepared.output_name)
             self.journal.event("finished", reason=decision.reason, final_weights=final, attempt=attempt)
             self.state = RunState.FINISHED
             self.say(f"state=finished final_weights={final}")
@@ -346,25 +371,25 @@ class Supervisor:
             self.journal.event("gave_up", reason=decision.reason, exit_code=code, attempt=attempt)
             self.state = RunState.GAVE_UP if decision.kind == "give_up" else RunState.STOPPED
             self.say(f"state={self.state.value} exit={code} reason={decision.reason}")
-        self.journal.status(state=self.state.value, exit_code=code, reason=decision.reason)
-        for sensor in (getattr(self, "watcher", None), getattr(self, "gpu", None)):
-            if sensor is not None:
-                sensor.stop()
-        self.journal.close()
+        self._status(state=self.state.value, exit_code=code, reason=decision.reason)
+        self.notifier.stopping(f"{self.state.value}: {decision.reason}")
+        self._close()
         return code
 
-    def _publish_final(self) -> str | None:
-        """Put the final weights where the user's command says, when a renamed attempt wrote them."""
-        p = self.prepared
-        want = self.points.output_dir / final_weights_name(p.output_name)
-        got = self.points.output_dir / final_weights_name(self.points.output_name)
-        if got != want and got.exists():
-            publish_copy(got, want)
-            self.journal.event("final_published", src=str(got), dst=str(want))
-        return str(want) if want.exists() else None
+    def _close(self) -> None:
+        for sensor in filter(None, (getattr(self, "watcher", None), getattr(self, "gpu", None))):
+            sensor.stop()
+        self.journal.close()
+        self.notifier.close()
 
     def _transition(self, new: RunState) -> None:
         self.state = check_transition(self.state, new)
+        self._status(state=new.value)
+
+    def _status(self, **fields: Any) -> None:
+        """status.json, and the same story in one line for systemd."""
+        self.journal.status(**fields)
+        self.notifier.status(status_line(self.journal.snapshot()))
 
     def say(self, message: str) -> None:
         print(f"trainsup: {message}", file=sys.stderr, flush=True)

@@ -24,8 +24,9 @@ from ..record.journal import Journal
 from ..sensors.watch import FileWatcher
 from .plan import LaunchPlan
 from .policy import Policy, PolicyError, load_policy
+from .project import Project, ProjectError, load_project
 
-Action = Literal["none", "at_checkpoint", "now", "policy"]
+Action = Literal["none", "at_checkpoint", "now", "policy", "command"]
 _LINE = re.compile(r":(\d+): ")
 
 
@@ -54,9 +55,11 @@ def _collect(doc: object, keys: tuple[str, ...], prefix: str = "") -> dict[str, 
 
 class LiveInputs:
     def __init__(self, plan: LaunchPlan, cwd: Path, run_dir: Path, policy: Policy, policy_path: Path | None,
-                 journal: Journal, say: Callable[[str], None]) -> None:
+                 journal: Journal, say: Callable[[str], None], project: Project | None = None) -> None:
         self.run_dir, self.cwd, self.journal, self.say = run_dir, cwd, journal, say
         self.policy, self.policy_path = policy, policy_path
+        self.project = project  # the policy file is this project's file: it says what to run, too
+        self.project_next: Project | None = None  # an edited command, for the next checkpoint
         self.prompt_src = _resolve(plan.value("sample_prompts"), cwd)
         self.prompt_bytes = self._read(self.prompt_src)
         self.config_src = plan.user_config
@@ -219,9 +222,19 @@ class LiveInputs:
 
     def _policy_changed(self, path: Path) -> Action:
         try:
-            self.policy = load_policy(path)
-        except PolicyError as exc:
+            project = load_project(path) if self.project is not None else None
+            self.policy = project.policy if project is not None else load_policy(path)
+        except (PolicyError, ProjectError) as exc:
             m = _LINE.search(str(exc))
             return self._reject(path, str(exc), int(m.group(1)) if m else None)
         self.journal.event("change_applied", path=str(path), attempt=self.attempt)
-        return "policy"
+        if project is None or self.project is None:
+            return "policy"
+        changed = [k for k in ("command", "cwd", "env") if getattr(project, k) != getattr(self.project, k)]
+        if not changed:
+            return "policy"
+        # What runs changes: from the next complete state, by a supervisor started on the new file.
+        self.project_next = project
+        self._schedule(path, "at_checkpoint")
+        self.say(f"change_scheduled {path}: {', '.join(changed)} at the next checkpoint")
+        return "command"

@@ -125,17 +125,19 @@ _SCHEMA: dict[str, dict[str, tuple[str, Callable[[Any], Any]]]] = {
 _TOP_LEVEL = set(_SCHEMA) | {"rules"}
 
 
-def load_policy(path: Path | None) -> Policy:
+def load_policy(path: Path | None, allow: frozenset[str] = frozenset()) -> Policy:
     if path is None:
         return Policy()
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise PolicyError(f"{path}: cannot read the policy ({exc.strerror or exc})") from None
-    return parse_policy(text, str(path))
+    return parse_policy(text, str(path), allow)
 
 
-def parse_policy(text: str, source: str) -> Policy:
+def parse_policy(text: str, source: str, allow: frozenset[str] = frozenset()) -> Policy:
+    """The policy in ``text``; top-level keys in ``allow`` belong to someone else (a project file's
+    ``command:`` and friends) and are passed over."""
     try:
         root = yaml.compose(text)
     except yaml.YAMLError as exc:
@@ -150,9 +152,11 @@ def parse_policy(text: str, source: str) -> Policy:
     for key_node, value_node in root.value:
         section = key_node.value
         line = key_node.start_mark.line + 1
+        if section in allow:
+            continue
         if section not in _TOP_LEVEL:
             raise PolicyError(f"{source}:{line}: unknown section {section!r}; expected one of "
-                              f"{', '.join(sorted(_TOP_LEVEL))}")
+                              f"{', '.join(sorted(_TOP_LEVEL | allow))}")
         if section == "rules":
             values["rules"] = _rules(value_node, source)
             continue

@@ -16,6 +16,7 @@ from pathlib import Path
 from ..kohya.profile import final_weights_name, parse_state_name, state_dir_names, weights_files_for
 from ..kohya.states import check_state, state_dirs
 from ..kohya.weights import has_non_finite
+from ..record.fsutil import publish_copy
 from ..record.journal import Journal
 from ..record.ledger import AttemptRecord, Ledger, StateRecord, label_offset, post_resume_overshoot
 from .observe import Observations
@@ -37,11 +38,25 @@ class ResumePoints:
         self.output_name: str | None = None
         self.resume_step = 0
 
+    def continue_ledger(self) -> None:
+        """A ledger left by an earlier supervisor of this run dir (it died, or was stopped): claim
+        the complete states its last attempt saved (it may have died before it could), and count
+        the run from its first launch, so nothing it wrote looks like the user's own."""
+        if not self.ledger.attempts:
+            return
+        last = self.ledger.attempts[-1]
+        self.attempt, self.output_name, self.resume_step = last.attempt, last.output_name, last.resume_step
+        self.attempt_started = last.started if last.started is not None else self.run_started
+        self.collect()
+        self.run_started = min([a.started for a in self.ledger.attempts if a.started is not None]
+                               + [self.run_started])
+
     # --- one attempt -----------------------------------------------------------------------------
     def begin(self, attempt: int, output_name: str | None, resume_step: int) -> None:
         self.attempt, self.output_name, self.resume_step = attempt, output_name, resume_step
         self.attempt_started = time.time()
-        self.ledger.attempts.append(AttemptRecord(attempt, output_name, resume_step, 0 if resume_step == 0 else None))
+        self.ledger.attempts.append(AttemptRecord(attempt, output_name, resume_step,
+                                                  0 if resume_step == 0 else None, round(self.attempt_started, 3)))
         self.ledger.save()
 
     def summary(self, obs: Observations, max_train_steps: int) -> int:
@@ -141,3 +156,12 @@ class ResumePoints:
                 continue
             best = state
         return best
+
+    def publish_final(self, user_output_name: str | None) -> str | None:
+        """Put the final weights where the user's command says, when a renamed attempt wrote them."""
+        want = self.output_dir / final_weights_name(user_output_name)
+        got = self.output_dir / final_weights_name(self.output_name)
+        if got != want and got.exists():
+            publish_copy(got, want)
+            self.journal.event("final_published", src=str(got), dst=str(want))
+        return str(want) if want.exists() else None

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import psutil
 
+from .hang import HangClock, hang_evidence
+
 # `Thread 0x7F3A (idle): "MainThread"`, or without the name (`Thread 13604 (active+gil)`).
 _THREAD = re.compile(r'^Thread (?:0x[0-9A-Fa-f]+|\d+) \([^)]*\)(?:: "(?P<name>[^"]*)")?')
 _FRAME = re.compile(r"^\s+(?P<func>\S.*?) \((?P<where>[^()]*:\d+)\)\s*$")
@@ -106,3 +108,20 @@ def write_report(stacks: list[ProcessStack], path: Path, header: str) -> None:
         parts += [f"=== pid {s.pid}: {s.command}", s.text.rstrip(), ""]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(parts) + "\n", encoding="utf-8")
+
+
+def hang_report(root_pid: int, idle_s: float, clock: HangClock, step: int | None, gpu: str | None,
+                path: Path) -> tuple[str, list[ProcessStack], str | None]:
+    """Take the tree's stacks at a hang and write them to ``path`` under the hang's evidence line.
+
+    Returns the evidence, the stacks, and why the report could not be written (``None``: written).
+    """
+    taken = capture(root_pid)
+    frames = [f"pid {s.pid} {s.innermost}" for s in taken if s.innermost]
+    waits = any("dataloader.py" in s.text for s in taken)
+    text = hang_evidence(idle_s, clock, step, frames, waits, gpu)
+    try:
+        write_report(taken, path, text)
+    except OSError as exc:
+        return text, taken, exc.strerror or str(exc)
+    return text, taken, None

@@ -1,0 +1,72 @@
+"""Owns the run dir's lock: one supervisor per run dir, and who that supervisor is.
+
+The supervisor holds an exclusive ``flock`` on ``RUN_DIR/lock`` for its whole life and writes its
+pid and start time into it. The kernel drops the lock when the process dies however it dies, so
+"a lock is held" is the truth about a live supervisor; the pid inside says which one (``trainsup
+stop`` signals it), and a status that says ``running`` under a free lock is a lost supervisor.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+
+class LockHeld(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Holder:
+    pid: int
+    started: float  # time.time() when it took the lock
+
+
+class RunLock:
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / "lock"
+        self._fh: IO[str] | None = None
+
+    def acquire(self) -> None:
+        """Take the lock or raise ``LockHeld``; ``OSError`` when the run dir cannot be used."""
+        fh = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 - held for the whole run
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.close()
+            raise LockHeld(str(self.path)) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(json.dumps({"pid": os.getpid(), "started": round(time.time(), 3)}) + "\n")
+        fh.flush()
+        self._fh = fh
+
+    def release(self) -> None:
+        if self._fh is not None:
+            self._fh.close()  # closing drops the flock
+            self._fh = None
+
+
+def holder(run_dir: Path) -> Holder | None:
+    """The live supervisor of ``run_dir``, or ``None`` when no process holds its lock."""
+    path = run_dir / "lock"
+    try:
+        fh = open(path, encoding="utf-8")  # noqa: SIM115 - closed below
+    except OSError:
+        return None
+    with fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                data = json.loads(fh.read() or "{}")
+                return Holder(int(data["pid"]), float(data.get("started", 0)))
+            except (ValueError, KeyError, TypeError):
+                return Holder(0, 0.0)  # held, by a supervisor that has not written its pid yet
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        return None
