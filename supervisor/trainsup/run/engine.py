@@ -324,10 +324,9 @@ class Supervisor:
             self.gpu.policy = self.policy.gpu
             self.rules = compose_rules(self.policy.rules)
             self._live = {r.id for r in self.rules if r.live}
-        elif action == "now":
+        if action == "now":
             self.events.put(("stop_for_change", None))
-        elif action in ("at_checkpoint", "command"):
-            self.stop_at_checkpoint = True
+        self.stop_at_checkpoint = self.stop_at_checkpoint or action in ("at_checkpoint", "command")
 
     # --- waiting and ending ----------------------------------------------------------------------
     def _backoff(self, delay: float) -> bool:
