@@ -6,6 +6,13 @@ restart budget; 4 stopped on a fault a restart cannot fix; 130/143 stopped by SI
 141 its reader went away (``| head``).
 ``trainsup doctor``: 0 no findings; 1 warnings only; 2 blockers (or bad usage).
 ``trainsup demo``: 0 every run finished; 2 its directory cannot be used; 3 a run did not finish.
+``trainsup status``: 0 every run reported (whatever its state); 2 an argument names no run dir or project.
+``trainsup logs``: 0 printed (with ``-f``: until the run ended); 1 no such log (never launched, no
+attempt N, unreadable); 2 no such run; 130 interrupted (quietly); 141 its reader went away.
+``trainsup stop``: 0 the supervisor stopped, or none was running; 1 it is still running (not stopped
+within ``--timeout``, or its pid could not be signalled); 2 no such run.
+``trainsup service``: 0 done; 1 a ``systemctl`` command of ``--enable`` failed; 2 bad usage, an invalid
+project file, a different file of that name already installed, or a file that cannot be written.
 Any verb: 130 interrupted; 70 an internal error, a bug of trainsup's, reported as one line
 (``TRAINSUP_DEBUG=1`` shows the traceback).
 """
@@ -25,8 +32,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"trainsup {__version__}")
     sub = parser.add_subparsers(dest="verb", required=True)
     run = sub.add_parser("run", help="launch a training command and bring it back from known faults",
-                         usage="trainsup run [--policy FILE] [--run-dir DIR] [--quiet] -- COMMAND...")
+                         usage="trainsup run [--policy FILE] [--run-dir DIR] [--quiet] -- COMMAND...\n"
+                               "       trainsup run --project NAME_OR_FILE [--run-dir DIR] [--quiet]")
     run.add_argument("--policy", type=Path, help="YAML policy (see config.example.yaml)")
+    run.add_argument("--project", metavar="NAME_OR_FILE", help="run a project file (its command, "
+                     "environment and policy); a name is looked up in the projects directory")
     run.add_argument("--run-dir", type=Path, help="where logs and the journal go "
                      "(default: OUTPUT_DIR/.trainsup, or ./.trainsup)")
     run.add_argument("--quiet", action="store_true", help="do not pass the trainer's output through")
@@ -41,10 +51,55 @@ def _parser() -> argparse.ArgumentParser:
                             usage="trainsup doctor [--json] -- COMMAND...")
     doctor.add_argument("--json", action="store_true", help="one JSON object with every finding")
     doctor.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
+    status = sub.add_parser("status", help="show where runs stand (every project when none is named)",
+                            usage="trainsup status [--json] [PROJECT|RUN_DIR ...]")
+    status.add_argument("--json", action="store_true", help="one JSON array, an object per run")
+    status.add_argument("runs", nargs="*", metavar="PROJECT|RUN_DIR")
+    logs = sub.add_parser("logs", help="print a run's trainer log, or follow it",
+                          usage="trainsup logs [-f] [--attempt N] PROJECT|RUN_DIR")
+    logs.add_argument("-f", "--follow", action="store_true",
+                      help="keep printing as the run goes, through later attempts, until it ends")
+    logs.add_argument("--attempt", type=_positive_int, metavar="N", help="attempt N's log (default: the newest)")
+    logs.add_argument("run", metavar="PROJECT|RUN_DIR")
+    stop = sub.add_parser("stop", help="ask a run's supervisor to stop, and wait until it has",
+                          usage="trainsup stop [--timeout S] PROJECT|RUN_DIR")
+    stop.add_argument("--timeout", type=_seconds, default=120.0, metavar="S",
+                      help="how long to wait for it (default 120 s; it waits stop.grace_s for the trainer)")
+    stop.add_argument("run", metavar="PROJECT|RUN_DIR")
+    service = sub.add_parser("service", help="run projects under systemd: print the unit, install a project")
+    service_sub = service.add_subparsers(dest="service_verb", required=True)
+    unit = service_sub.add_parser("unit", help="print the trainsup@.service unit for this installation",
+                                  usage="trainsup service unit [--user]")
+    unit.add_argument("--user", action="store_true", help="the unit for a user manager (systemctl --user)")
+    install = service_sub.add_parser("install", help="install a project file and the unit",
+                                     usage="trainsup service install [--user] [--enable] PROJECT_FILE")
+    install.add_argument("--user", action="store_true", help="for your user manager (systemctl --user)")
+    install.add_argument("--enable", action="store_true", help="run systemctl daemon-reload and enable --now")
+    install.add_argument("project", type=Path, metavar="PROJECT_FILE")
     demo = sub.add_parser("demo", help="run the built-in demo: four real faults, detected and recovered")
     demo.add_argument("--keep", type=Path, help="keep the demo's files in this directory")
     demo.add_argument("--verbose", action="store_true", help="show the trainer's own output")
     return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an attempt number >= 1, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text!r}")
+    return value
 
 
 EXIT_INTERNAL = 70  # EX_SOFTWARE
@@ -67,9 +122,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
     if args.verb == "run":
-        return _run(args)
+        return _run(args, argv)
     if args.verb in ("diagnose", "doctor"):
         try:
             return _report(args)
@@ -77,11 +133,35 @@ def _main(argv: list[str] | None) -> int:
             # The reader went away (`trainsup diagnose big.log | head`): not an error of ours.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return EXIT_BROKEN_PIPE
+    if args.verb in ("status", "logs", "stop"):
+        try:
+            return _runs(args)
+        except BrokenPipeError:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return EXIT_BROKEN_PIPE
+        except KeyboardInterrupt:
+            if args.verb != "logs":
+                raise
+            return 130  # Ctrl-C is how `logs -f` is meant to end: no message
+    if args.verb == "service":
+        return _service(args)
     if args.verb == "demo":
         from .demo.story import run_demo
 
         return run_demo(args.keep, args.verbose)
     return 2
+
+
+def _service(args: argparse.Namespace) -> int:
+    from .commands.service import ServiceError, run_install, run_unit
+
+    try:
+        if args.service_verb == "unit":
+            return run_unit(args.user, os.environ, sys.stdout)
+        return run_install(args.project, args.user, args.enable, os.environ, sys.stdout)
+    except ServiceError as exc:
+        print(f"trainsup service: error: {exc}", file=sys.stderr)
+        return exc.code
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -98,6 +178,21 @@ def _report(args: argparse.Namespace) -> int:
     return run_doctor(command, as_json=args.json, cwd=Path.cwd(), env=dict(os.environ), out=sys.stdout)
 
 
+def _runs(args: argparse.Namespace) -> int:
+    if args.verb == "status":
+        from .commands.status import run_status
+
+        return run_status(args.runs, as_json=args.json, env=os.environ, out=sys.stdout, err=sys.stderr)
+    if args.verb == "logs":
+        from .commands.logs import run_logs
+
+        return run_logs(args.run, attempt=args.attempt, follow=args.follow, env=os.environ,
+                        out=sys.stdout.buffer, err=sys.stderr)
+    from .commands.stop import run_stop
+
+    return run_stop(args.run, timeout=args.timeout, env=os.environ, out=sys.stdout, err=sys.stderr)
+
+
 def _training_command(args: argparse.Namespace, verb: str) -> list[str] | None:
     command = list(args.command)
     if command and command[0] == "--":
@@ -108,22 +203,44 @@ def _training_command(args: argparse.Namespace, verb: str) -> list[str] | None:
     return command
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, argv: list[str]) -> int:
     from .run.engine import RunSpec, Supervisor, install_signal_handlers
     from .run.policy import PolicyError, load_policy
+    from .run.project import ProjectError, find_project, load_project
 
-    command = _training_command(args, "run")
-    if command is None:
-        return 2
-    try:
-        policy = load_policy(args.policy)
-    except PolicyError as exc:
-        print(f"trainsup run: error: {exc}", file=sys.stderr)
-        return 2
-    spec = RunSpec(tuple(command), Path.cwd(), args.run_dir, dict(os.environ), not args.quiet, args.policy)
+    if args.project is not None:
+        if [a for a in args.command if a != "--"] or args.policy is not None:
+            print("trainsup run: error: --project takes the command and the policy from the project file; "
+                  "give no command after -- and no --policy", file=sys.stderr)
+            return 2
+        try:
+            project = load_project(find_project(args.project))
+        except ProjectError as exc:
+            print(f"trainsup run: error: {exc}", file=sys.stderr)
+            return 2
+        spec = RunSpec(project.command, project.cwd, args.run_dir or project.run_dir,
+                       project.child_env(os.environ), not args.quiet, project.path, project)
+        policy = project.policy
+    else:
+        command = _training_command(args, "run")
+        if command is None:
+            return 2
+        try:
+            policy = load_policy(args.policy)
+        except PolicyError as exc:
+            print(f"trainsup run: error: {exc}", file=sys.stderr)
+            return 2
+        spec = RunSpec(tuple(command), Path.cwd(), args.run_dir, dict(os.environ), not args.quiet, args.policy)
     supervisor = Supervisor(spec, policy)
     install_signal_handlers(supervisor)
-    return supervisor.run()
+    code = supervisor.run()
+    if supervisor.reexec:
+        # The project's command was edited: a new supervisor on the edited file takes the run over
+        # (same pid, so systemd keeps its main process) and resumes from the checkpoint just made.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, [sys.executable, "-m", "trainsup.cli", *argv])
+    return code
 
 
 if __name__ == "__main__":

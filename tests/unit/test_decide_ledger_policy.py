@@ -73,10 +73,14 @@ def test_policy_values_and_errors() -> None:
         parse_policy("environment:\n  allow_upgrade: yes please\n", "p.yaml")
 
 
-def test_example_config_is_a_valid_policy() -> None:
+def test_example_config_is_a_valid_project_whose_policy_shows_the_defaults() -> None:
+    from trainsup.run.project import load_project
+
     root = Path(__file__).resolve().parents[2]
-    pol = parse_policy((root / "config.example.yaml").read_text(), "config.example.yaml")
-    assert pol.restart_max == Policy().restart_max
+    project = load_project(root / "config.example.yaml")
+    assert project.command[:3] == ("accelerate", "launch", "train_network.py")
+    assert project.env["CUDA_VISIBLE_DEVICES"] == "0" and project.cwd == Path("/srv/sd-scripts")
+    assert project.policy == Policy(source=str(root / "config.example.yaml"))  # every value shown is the default
 
 
 def test_kohya_overshoot_after_resume_is_predicted() -> None:

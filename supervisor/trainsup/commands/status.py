@@ -1,0 +1,195 @@
+"""Owns ``trainsup status``: one line (or one JSON object) per run saying where it stands.
+
+The state is ``status.json``'s, judged against the run dir's lock, which only a live supervisor
+holds (the kernel drops it however the supervisor dies):
+
+- a live state (``starting``, ``running``, ``stopping``, ``remedying``, ``backoff``) under a free
+  lock is ``lost``: the supervisor died without writing its end (SIGKILL, a reboot, an OOM kill);
+- a held lock whose snapshot was written before that supervisor took the lock is ``starting``: a new
+  ``trainsup run`` has not written its first snapshot yet, what the file says is an older run's;
+- no ``status.json`` and nothing else in the run dir (or no run dir at all) is ``new``: never run;
+- a ``status.json`` that cannot be read or parsed, a project file that cannot be loaded, or a run
+  dir with a journal but no snapshot is ``unknown``, with a ``reason``.
+
+The ETA is ``(total - step) / rate`` while ``running`` at a known rate. GPU memory is shown only for
+a live run: after the end, ``status.json`` keeps the last sample, which is history (``--json`` gives
+it as written).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from ..record.runlock import holder
+from .runref import RefError, RunRef, attempt_logs, every_project, read_status, resolve
+
+__all__ = ["RunView", "eta_seconds", "format_duration", "format_line", "run_status", "view"]
+
+LIVE_STATES = frozenset({"starting", "running", "stopping", "remedying", "backoff"})
+EXIT_OK = 0
+EXIT_USAGE = 2
+MIB_PER_GIB = 1024
+
+
+@dataclass
+class RunView:
+    name: str
+    state: str
+    run_dir: str | None
+    attempt: int | None = None
+    step: int | None = None
+    total: int | None = None
+    loss: float | None = None
+    rate: float | None = None  # iterations per second
+    eta_s: float | None = None
+    last_fault: str | None = None
+    gpu: list[dict[str, Any]] | None = None
+    pid: int | None = None  # the live supervisor's
+    exit_code: int | None = None
+    reason: str | None = None
+    updated: float | None = None  # unix time of the snapshot
+    project: str | None = None  # the project file
+
+
+def view(ref: RunRef) -> RunView:
+    """Where the run ``ref`` names stands now."""
+    project = str(ref.project) if ref.project else None
+    if ref.run_dir is None:
+        return RunView(ref.name, "unknown", None, reason=ref.problem, project=project)
+    run_dir = ref.run_dir
+    out = RunView(ref.name, "unknown", str(run_dir), project=project)
+    lock = holder(run_dir)
+    if lock is not None and lock.pid > 0:
+        out.pid = lock.pid
+    data, problem = read_status(run_dir)
+    if problem is not None:
+        out.reason = problem
+        return out
+    if data is None:
+        if lock is not None:
+            out.state = "starting"
+        elif (run_dir / "events.jsonl").exists() or attempt_logs(run_dir):
+            out.reason = f"{run_dir} has a journal but no status.json"
+        else:
+            out.state = "new"
+        return out
+    state = data.get("state")
+    updated = _number(data.get("updated"))
+    if lock is not None and lock.started > 0 and (updated is None or updated < lock.started):
+        out.state = "starting"  # the snapshot is an earlier run's: this supervisor has not written yet
+        return out
+    if not isinstance(state, str) or not state:
+        out.reason = f"{run_dir / 'status.json'} has no state"
+        return out
+    out.state = state
+    out.attempt, out.step, out.total = _int(data.get("attempt")), _int(data.get("step")), _int(data.get("total"))
+    out.loss, out.rate, out.updated = _number(data.get("loss")), _number(data.get("rate")), updated
+    out.last_fault = data.get("last_fault") if isinstance(data.get("last_fault"), str) else None
+    out.exit_code = _int(data.get("exit_code"))
+    out.reason = data.get("reason") if isinstance(data.get("reason"), str) else None
+    gpus = data.get("gpu")
+    out.gpu = [g for g in gpus if isinstance(g, dict)] if isinstance(gpus, list) else None
+    if state in LIVE_STATES and lock is None:
+        out.state = "lost"
+        out.reason = (f"status.json says {state!r} but no supervisor holds {run_dir / 'lock'}: "
+                      "it died without recording an end (its trainer may still be running)")
+    elif state == "running":
+        out.eta_s = eta_seconds(out.step, out.total, out.rate)
+    return out
+
+
+def eta_seconds(step: int | None, total: int | None, rate: float | None) -> float | None:
+    """Seconds left at ``rate`` steps a second; ``None`` when any of them is unknown or meaningless."""
+    if step is None or total is None or rate is None or not math.isfinite(rate) or rate <= 0:
+        return None
+    return max(total - step, 0) / rate
+
+
+def format_duration(seconds: float) -> str:
+    """``42s``, ``16m56s``, ``3h02m``, ``2d03h``: two units at most, as a glance needs."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _gpu_text(entry: Mapping[str, Any]) -> str | None:
+    index, used, total = entry.get("index"), _number(entry.get("used_mib")), _number(entry.get("total_mib"))
+    if index is None or (used is None and total is None):
+        return None
+    shown = "/".join("?" if v is None else f"{v / MIB_PER_GIB:.1f}" for v in (used, total))
+    return f"gpu{index} {shown} GiB"
+
+
+def format_line(run: RunView, name_width: int = 0) -> str:
+    """One run as a line: name, state, then what is known, a ``(reason)`` last."""
+    parts = [run.name.ljust(name_width), run.state.ljust(9)]
+    if run.attempt is not None:
+        parts.append(f"attempt {run.attempt}")
+    if run.step is not None:
+        parts.append(f"step {run.step}/{run.total}" if run.total is not None else f"step {run.step}")
+    if run.loss is not None:
+        parts.append(f"loss {run.loss:.4g}")
+    live = run.state in LIVE_STATES
+    if live and run.rate is not None:
+        parts.append(f"{run.rate:.3g} it/s")
+    if run.eta_s is not None:
+        parts.append(f"eta {format_duration(run.eta_s)}")
+    if run.last_fault:
+        parts.append(f"fault {run.last_fault}")
+    if live:
+        parts.extend(text for text in map(_gpu_text, run.gpu or []) if text)
+        if run.pid is not None:
+            parts.append(f"pid {run.pid}")
+    elif run.exit_code is not None:
+        parts.append(f"exit {run.exit_code}")
+    if run.reason and run.state != "finished":  # a finished run's reason says only that
+        parts.append(f"({run.reason})")
+    return "  ".join(parts).rstrip()
+
+
+def run_status(args: Sequence[str], *, as_json: bool, env: Mapping[str, str], out: TextIO, err: TextIO) -> int:
+    """Print every named run (every project when none is named); 2 when an argument names none."""
+    if args:
+        refs = []
+        for arg in args:
+            try:
+                refs.append(resolve(arg, env))
+            except RefError as exc:
+                print(f"trainsup status: error: {exc}", file=err)
+                return EXIT_USAGE
+    else:
+        folder, refs = every_project(env)
+        if not refs and not as_json:
+            print(f"trainsup status: no projects in {folder}; name a run dir or a project file", file=err)
+    views = [view(ref) for ref in refs]
+    if as_json:
+        print(json.dumps([asdict(v) for v in views], default=_json_default), file=out)
+    else:
+        width = max((len(v.name) for v in views), default=0)
+        for v in views:
+            print(format_line(v, width), file=out)
+    return EXIT_OK
+
+
+def _json_default(value: object) -> object:
+    return str(value) if isinstance(value, Path) else repr(value)
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
