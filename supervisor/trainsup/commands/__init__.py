@@ -1,5 +1,7 @@
-"""The verbs beside ``run``, one module each: ``diagnose`` (saved logs, offline) and ``doctor``
-(with its checks: a command before it runs). ``cli`` parses argv for them and exits.
+"""The verbs beside ``run``, one module each: ``diagnose`` (saved logs, offline), ``doctor`` (with
+its checks: a command before it runs), ``status``, ``logs`` and ``stop`` (a run from outside, through
+its run dir; ``runref`` finds the run an argument names) and ``service`` (the systemd unit and a
+project's installation). ``cli`` parses argv for them and exits.
 
 May import ``run``, ``faults``, ``kohya``, ``sensors``, ``record``, and the demo's argument parser
 (to know the demo scripts' flags); never ``cli``.

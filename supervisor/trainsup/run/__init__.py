@@ -1,6 +1,7 @@
-"""The supervise loop and its edges: the engine and one attempt, the decision and the launch plan,
-preparing the first launch, live edits of the run's inputs, resume points, the run's states, the
-child process and its output pumps, what the output tells, and the policy file.
+"""The supervise loop and its edges: the engine and one attempt, the decision, remedies and the
+launch plan, preparing the first launch, project files, live edits of the run's inputs, resume
+points, taking a run dir over from a dead supervisor, the GPU guard, systemd's notify protocol, the
+run's states, the child process and its output pumps, what the output tells, and the policy file.
 
 May import ``faults``, ``kohya``, ``sensors`` and ``record``; never ``commands``, ``cli`` or ``demo``.
 """
