@@ -1,16 +1,21 @@
 """Owns capturing the Python stacks of a hung process tree, with ``py-spy dump``.
 
-trainsup is the tree's ancestor, so the kernel lets it read the trainer's memory (ptrace) without
-privileges. Every Python process of the tree is dumped (accelerate's launcher, the trainer, its
+py-spy reads the trainer's memory with ptrace. As the same user that is allowed wherever the
+kernel's Yama ``ptrace_scope`` is 0; where it is 1 (Ubuntu's default) py-spy, a sibling of the
+trainer rather than its ancestor, needs ``CAP_SYS_PTRACE`` (root has it; a ``User=`` service gets it
+with ``AmbientCapabilities=``, see the unit). A refusal is written into the report, never raised.
+Every Python process of the tree is dumped (accelerate's launcher, the trainer, its
 DataLoader workers) into one text file; the innermost frame of each process's main thread is what a
 hang's evidence names. Without py-spy the file says so, and supervision goes on.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,9 +73,18 @@ def innermost_main_frame(dump: str) -> str | None:
     return None
 
 
+def find_py_spy() -> str | None:
+    """py-spy beside this interpreter first (a venv or pipx install: a service's PATH lacks its bin
+    dir), then on PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("py-spy")
+
+
 def capture(root_pid: int, timeout_s: float = 20.0) -> list[ProcessStack]:
     """Dump every Python process under ``root_pid``; never raises."""
-    spy = shutil.which("py-spy")
+    spy = find_py_spy()
     stacks = []
     for proc in python_tree(root_pid):
         try:
