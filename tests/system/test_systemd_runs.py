@@ -27,7 +27,7 @@ import psutil
 import pytest
 import yaml
 
-from tests.conftest import wait_until
+from tests.conftest import ROOT, wait_until
 from tests.e2e.demo_harness import FAST_POLICY, assert_same_weights, demo_argv, run_plain
 from tests.system.sandbox import Sandbox, sandbox, unavailable
 from trainsup.demo.make_assets import make_assets
@@ -50,6 +50,10 @@ TimeoutStopSec=30s
 LimitCORE=0
 ExecStopPost=/bin/sh -c 'echo "$$SERVICE_RESULT $$EXIT_CODE $$EXIT_STATUS" >> {ends}'
 """
+
+
+def _under_tmp(path: Path) -> bool:
+    return any(path.absolute().is_relative_to(tmp) for tmp in ("/tmp", "/var/tmp"))
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +100,12 @@ class Service:
                               check=True).stdout
         (self.units / "trainsup@.service.d").mkdir(parents=True)
         (self.units / "trainsup@.service").write_text(unit)
-        (self.units / "trainsup@.service.d" / "sandbox.conf").write_text(DROP_IN.format(log=self.log, ends=self.ends_file))
+        drop_in = DROP_IN.format(log=self.log, ends=self.ends_file)
+        if _under_tmp(Path(sys.executable)) or _under_tmp(ROOT):
+            # The checkout (and its venv) lives in /tmp, which the unit's PrivateTmp= hides from the
+            # service: it could not even start its interpreter. Only then is that one setting lifted.
+            drop_in += "PrivateTmp=no\n"
+        (self.units / "trainsup@.service.d" / "sandbox.conf").write_text(drop_in)
 
     def reference(self) -> Path:
         """The same training without trainsup or systemd: the weights a supervised run must end with."""
