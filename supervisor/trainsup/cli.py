@@ -234,12 +234,14 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     supervisor = Supervisor(spec, policy)
     install_signal_handlers(supervisor)
     code = supervisor.run()
-    if supervisor.reexec:
+    if supervisor.reexec_env is not None:
         # The project's command was edited: a new supervisor on the edited file takes the run over
-        # (same pid, so systemd keeps its main process) and resumes from the checkpoint just made.
+        # (same pid, so systemd keeps its main process; the run dir's lock is inherited, held
+        # throughout) and resumes from the checkpoint just made.
         sys.stdout.flush()
         sys.stderr.flush()
-        os.execv(sys.executable, [sys.executable, "-m", "trainsup.cli", *argv])
+        os.execve(sys.executable, [sys.executable, "-m", "trainsup.cli", *argv],
+                  {**os.environ, **supervisor.reexec_env})
     return code
 
 

@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import pytest
 from tests.conftest import trainsup_cmd, wait_until
 from tests.e2e.demo_harness import assert_same_weights, clean_env, demo_argv, run_plain
 from trainsup.record.journal import read_events
+from trainsup.record.runlock import holder
 
 
 def _project(tmp_path: Path, assets: dict[str, Path], env: dict[str, str], extra: str = "") -> Path:
@@ -138,9 +140,24 @@ def test_an_edited_project_command_is_taken_over_by_a_new_supervisor_at_the_next
     path = _project(tmp_path, assets, {"TRAINSUP_DEMO_STEP_SECONDS": "0.3"})
     run = _start(tmp_path, "--project", "demo")
     wait_until(lambda: _events(tmp_path, "state_saved"), 120, what="a first state")
+    gaps: list[float] = []
+
+    def watch_lock() -> None:
+        # The run dir's lock is held throughout the hand-over: status/stop never see it unsupervised.
+        while True:
+            if holder(tmp_path / "run") is None:
+                if _events(tmp_path, "finished") or run.poll() is not None:
+                    return  # the normal end: `finished` is journaled before the lock goes
+                gaps.append(time.monotonic())
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch_lock)
+    watcher.start()
     path.write_text(path.read_text().replace('"TRAINSUP_DEMO_STEP_SECONDS": "0.3"',
                                              '"TRAINSUP_DEMO_STEP_SECONDS": "0.05"'))
     _, err = run.communicate(timeout=240)
+    watcher.join()
+    assert gaps == []
     assert run.returncode == 0, err[-2000:]
     (handover,) = _events(tmp_path, "supervisor_restart")
     starts = _events(tmp_path, "run_start")

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+INHERITED_FD = "TRAINSUP_INHERITED_LOCK_FD"
+
 
 class LockHeld(RuntimeError):
     pass
@@ -34,7 +36,7 @@ class RunLock:
 
     def acquire(self) -> None:
         """Take the lock or raise ``LockHeld``; ``OSError`` when the run dir cannot be used."""
-        fh = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 - held for the whole run
+        fh = self._inherited() or open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 - held for the run
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -45,6 +47,26 @@ class RunLock:
         fh.write(json.dumps({"pid": os.getpid(), "started": round(time.time(), 3)}) + "\n")
         fh.flush()
         self._fh = fh
+
+    def hand_over(self) -> dict[str, str]:
+        """Keep the lock held across an ``exec`` of a new supervisor: the environment that tells it
+        which open file it inherits (a ``flock`` belongs to the open file, not to the process)."""
+        assert self._fh is not None
+        os.set_inheritable(self._fh.fileno(), True)
+        return {INHERITED_FD: str(self._fh.fileno())}
+
+    def _inherited(self) -> IO[str] | None:
+        raw = os.environ.pop(INHERITED_FD, "")
+        if not raw.isdigit():
+            return None
+        try:
+            same = os.path.samestat(os.fstat(int(raw)), os.stat(self.path))
+        except OSError:
+            return None
+        if not same:
+            return None  # not this run dir's lock: take ours the usual way
+        os.set_inheritable(int(raw), False)
+        return open(int(raw), "a+", encoding="utf-8")
 
     def release(self) -> None:
         if self._fh is not None:

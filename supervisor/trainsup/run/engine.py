@@ -26,7 +26,7 @@ from ..faults.rules import compose_rules
 from ..faults.scanner import Evidence, FaultScanner
 from ..record.journal import Journal
 from ..record.ledger import Ledger, StateRecord
-from ..record.runlock import LockHeld, RunLock
+from ..record.runlock import INHERITED_FD, LockHeld, RunLock
 from ..sensors import gpu, stacks
 from ..sensors.hang import HangClock
 from ..sensors.watch import FileWatcher
@@ -47,7 +47,7 @@ from .sdnotify import Notifier, status_line
 from .takeover import forget_trainer, record_trainer, take_over
 
 CHILD_ENV_DEFAULTS = {"COLUMNS": "250", "PYTHONUNBUFFERED": "1"}
-SUPERVISOR_ONLY_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")  # systemd speaks to trainsup alone
+SUPERVISOR_ONLY_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", INHERITED_FD)  # trainsup's alone
 STATUS_INTERVAL_S = 0.25
 
 
@@ -73,7 +73,7 @@ class Supervisor:
         self.spawn = spawn
         self.gpu_probe = gpu_probe
         self.notifier = Notifier(notify_env, clock)  # systemd's Type=notify; inert outside systemd
-        self.reexec = False  # set when the run goes on in a new supervisor (an edited project command)
+        self.reexec_env: dict[str, str] | None = None  # set: the CLI execs a new supervisor with this env
         self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.state = RunState.STARTING
         self.stop_signal: int | None = None
@@ -351,8 +351,7 @@ class Supervisor:
         self.journal.event("supervisor_restart", reason="the project's command changed", attempt=self.attempt_no)
         self.say("the project's command changed: restarting trainsup on the edited file")
         self._close()
-        self._lock.release()
-        self.reexec = True
+        self.reexec_env = self._lock.hand_over()  # the lock stays held: never a moment without a supervisor
         return 0
 
     def _stopped_by_signal(self) -> Decision:
