@@ -143,7 +143,8 @@ class Trainer:
 
     def save_state(self, dir_name: str, epoch: int, step: int) -> None:
         s = self.s
-        save_state(self.output_dir / dir_name, s.network, s.optimizer, s.scheduler, s.scaler_state, epoch, step)
+        save_state(self.output_dir / dir_name, s.network, s.optimizer, s.scheduler, s.scaler_state, epoch, step,
+                   pause=lambda gaps: faults.pace_save(s.sim, gaps))
 
     def run(self) -> None:
         s, args = self.s, self.args

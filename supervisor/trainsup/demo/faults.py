@@ -2,9 +2,12 @@
 
 Owns the `TRAINSUP_DEMO_SIMULATE` switch (a comma list of `device_mismatch`,
 `cuda_oom@STEP` and `hang@STEP`) and the pacing knobs `TRAINSUP_DEMO_STEP_SECONDS`
-(a sleep after every optimizer step so tests can act while a run is in progress)
-and `TRAINSUP_DEMO_SAMPLE_SECONDS` (seconds per sampled image, spread over its
-denoising steps, as a slow GPU would take). A simulated exception first says on
+(a sleep after every optimizer step so tests can act while a run is in progress),
+`TRAINSUP_DEMO_SAMPLE_SECONDS` (seconds per sampled image, spread over its
+denoising steps, as a slow GPU would take) and `TRAINSUP_DEMO_SAVE_SECONDS`
+(seconds a state save takes, spent in equal parts between writing its files, as
+a slow disk would: a kill can then land mid-save and leave a state dir without
+its last file). A simulated exception first says on
 stderr that it is simulated, then raises with the wording torch itself uses; a
 simulated hang says nothing at all, as a real one does: it blocks in
 `hang_forever` until it is killed.
@@ -21,6 +24,7 @@ from pathlib import Path
 ENV_SIMULATE = "TRAINSUP_DEMO_SIMULATE"
 ENV_STEP_SECONDS = "TRAINSUP_DEMO_STEP_SECONDS"
 ENV_SAMPLE_SECONDS = "TRAINSUP_DEMO_SAMPLE_SECONDS"
+ENV_SAVE_SECONDS = "TRAINSUP_DEMO_SAVE_SECONDS"
 
 DEVICE_MISMATCH_MESSAGE = "Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!"
 # torch >= 2.4 wording (torch.OutOfMemoryError, expandable_segments hint)
@@ -41,6 +45,7 @@ class Simulation:
     hang_steps: set[int] = field(default_factory=set)
     step_seconds: float = 0.0
     sample_seconds: float = 0.0  # per sampled image
+    save_seconds: float = 0.0  # per state save, between its files
     once_dir: Path | None = None  # where a simulated hang leaves its mark: it hangs once per output dir
 
 
@@ -62,6 +67,8 @@ def from_env() -> Simulation:
     sim.step_seconds = float(seconds) if seconds else 0.0
     seconds = os.environ.get(ENV_SAMPLE_SECONDS, "").strip()
     sim.sample_seconds = float(seconds) if seconds else 0.0
+    seconds = os.environ.get(ENV_SAVE_SECONDS, "").strip()
+    sim.save_seconds = float(seconds) if seconds else 0.0
     return sim
 
 
@@ -103,6 +110,12 @@ def hang_forever() -> None:
 def pace(sim: Simulation) -> None:
     if sim.step_seconds > 0:
         time.sleep(sim.step_seconds)
+
+
+def pace_save(sim: Simulation, gaps: int) -> None:
+    """One of the ``gaps`` pauses between the files of a state save, when saving is paced."""
+    if sim.save_seconds > 0:
+        time.sleep(sim.save_seconds / max(gaps, 1))
 
 
 def pace_denoise(sim: Simulation, steps: int) -> None:

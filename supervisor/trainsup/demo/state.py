@@ -2,7 +2,8 @@
 
 Owns the state directory layout and write order (`train_state.json`,
 `model.safetensors`, `optimizer.bin`, `scheduler.bin`, `scaler.pt` for fp16,
-`random_states_0.pkl` last; nothing atomic, no marker), accelerate's log lines
+`random_states_0.pkl` last; nothing atomic, no marker; paced between files when
+asked), accelerate's log lines
 for both directions (including the `sampler.bin` it logs but never writes),
 kohya's train_state.json hooks, and the state/weights file names.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,40 +63,63 @@ def save_state(
     scaler_state: dict[str, Any] | None,
     epoch: int,
     step: int,
+    pause: Callable[[int], None] | None = None,
 ) -> None:
-    """accelerator.save_state with kohya's pre-hook; each file is written in place, in order."""
+    """accelerator.save_state with kohya's pre-hook; each file is written in place, in order.
+
+    ``pause(gaps)`` is called between two files (``gaps`` of them in this save): the demo's paced
+    saves, so that a kill can land between files as it does on a slow disk.
+    """
     state_dir.mkdir(parents=True, exist_ok=True)
     log_as("accelerator.py", 3067, f"Saving current state to {state_dir}")
-    train_state_file = state_dir / "train_state.json"
-    logger.info(f"save train state to {train_state_file} at epoch {epoch} step {step}")
-    with open(train_state_file, "w", encoding="utf-8") as f:
-        json.dump({"current_epoch": epoch, "current_step": step}, f)
 
-    model_file = state_dir / "model.safetensors"
-    # a safetensors without float8 support fails right here, leaving a partial state behind
-    save_file(network.state_tensors(), str(model_file), metadata={"format": "pt"})
-    log_as("checkpointing.py", 102, f"Model weights saved in {model_file}")
-    optimizer_file = state_dir / "optimizer.bin"
-    torch.save(optimizer.state_dict(), optimizer_file)
-    log_as("checkpointing.py", 111, f"Optimizer state saved in {optimizer_file}")
-    scheduler_file = state_dir / "scheduler.bin"
-    torch.save(scheduler.state_dict(), scheduler_file)
-    log_as("checkpointing.py", 118, f"Scheduler state saved in {scheduler_file}")
-    # accelerate logs this for every dataloader but writes it only for its own seedable sampler
-    log_as("checkpointing.py", 140, f"Sampler state for dataloader 0 saved in {state_dir / 'sampler.bin'}")
-    log_as("checkpointing.py", 140, f"Sampler state for dataloader 1 saved in {state_dir / 'sampler_1.bin'}")
-    if scaler_state is not None:
+    def train_state() -> None:
+        train_state_file = state_dir / "train_state.json"
+        logger.info(f"save train state to {train_state_file} at epoch {epoch} step {step}")
+        with open(train_state_file, "w", encoding="utf-8") as f:
+            json.dump({"current_epoch": epoch, "current_step": step}, f)
+
+    def model() -> None:
+        model_file = state_dir / "model.safetensors"
+        # a safetensors without float8 support fails right here, leaving a partial state behind
+        save_file(network.state_tensors(), str(model_file), metadata={"format": "pt"})
+        log_as("checkpointing.py", 102, f"Model weights saved in {model_file}")
+
+    def optimizer_state() -> None:
+        optimizer_file = state_dir / "optimizer.bin"
+        torch.save(optimizer.state_dict(), optimizer_file)
+        log_as("checkpointing.py", 111, f"Optimizer state saved in {optimizer_file}")
+
+    def scheduler_state() -> None:
+        scheduler_file = state_dir / "scheduler.bin"
+        torch.save(scheduler.state_dict(), scheduler_file)
+        log_as("checkpointing.py", 118, f"Scheduler state saved in {scheduler_file}")
+        # accelerate logs this for every dataloader but writes it only for its own seedable sampler
+        log_as("checkpointing.py", 140, f"Sampler state for dataloader 0 saved in {state_dir / 'sampler.bin'}")
+        log_as("checkpointing.py", 140, f"Sampler state for dataloader 1 saved in {state_dir / 'sampler_1.bin'}")
+
+    def scaler() -> None:
         scaler_file = state_dir / "scaler.pt"
         torch.save(scaler_state, scaler_file)
         log_as("checkpointing.py", 147, f"Gradient scaler state saved in {scaler_file}")
-    states = {
-        "random_state": random.getstate(),
-        "numpy_random_seed": np.random.get_state(),
-        "torch_manual_seed": torch.get_rng_state(),
-    }
-    states_file = state_dir / "random_states_0.pkl"
-    torch.save(states, states_file)
-    log_as("checkpointing.py", 170, f"Random states saved in {states_file}")
+
+    def random_states() -> None:
+        states = {
+            "random_state": random.getstate(),
+            "numpy_random_seed": np.random.get_state(),
+            "torch_manual_seed": torch.get_rng_state(),
+        }
+        states_file = state_dir / "random_states_0.pkl"
+        torch.save(states, states_file)
+        log_as("checkpointing.py", 170, f"Random states saved in {states_file}")
+
+    writers = [train_state, model, optimizer_state, scheduler_state]
+    writers += [scaler] if scaler_state is not None else []
+    writers.append(random_states)
+    for index, write in enumerate(writers):
+        if index and pause is not None:
+            pause(len(writers) - 1)
+        write()
 
 
 def load_state(
