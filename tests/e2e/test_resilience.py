@@ -71,6 +71,31 @@ def test_sigkill_mid_run_resumes_from_the_newest_complete_state_and_skips_a_half
     assert (status["state"], status["step"], status["total"]) == ("finished", 20, 20)
 
 
+def test_a_kill_after_the_last_state_resumes_one_state_earlier(assets: dict[str, Path], tmp_path: Path) -> None:
+    """The state at --max_train_steps is complete, the final save is under way: kohya refuses to
+    resume at its last step (--initial_step must stay below --max_train_steps), so the run goes on
+    from the state before it and trains those steps again (found by the chaos soak)."""
+    ref = tmp_path / "reference"
+    assert run_plain(demo_argv("train_network", assets, ref)).returncode == 0
+    out = tmp_path / "out"
+    killed: list[int] = []
+
+    def kill_in_the_final_save(event: dict) -> None:
+        if event["event"] == "state_saved" and event["step"] == 20 and not killed:
+            for proc in trainer_processes(out):
+                proc.send_signal(signal.SIGKILL)
+                killed.append(proc.pid)
+
+    run = supervise(demo_argv("train_network", assets, out), out, tmp_path, on_event=kill_in_the_final_save,
+                    env=clean_env(TRAINSUP_DEMO_STEP_SECONDS="0.05", TRAINSUP_DEMO_SAVE_SECONDS="1"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert killed
+    start = run.of("attempt_start")[-1]
+    assert start["attempt"] == 2 and start["resume_from"] == str(out / "lora-step00000016-state")
+    assert [f["class"] for f in run.of("fault")] == ["host_oom_killed"]
+    assert_same_weights(out / "lora.safetensors", ref / "lora.safetensors")
+
+
 def test_real_child_status_behind_an_accelerate_style_launcher(assets: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "out"
     argv = demo_argv("train_network", assets, out)

@@ -143,7 +143,7 @@ class Supervisor:
         while True:
             if self.stop_signal is not None:  # asked to stop between two attempts
                 return self._end(self._stopped_by_signal())
-            resume = self.points.newest(self.nan_abs_step)
+            resume = self.points.newest(self.nan_abs_step, self.prepared.max_train_steps)
             result, launch = self._launch(attempt, self.plan, resume)
             if result is None:
                 return self._end(launch)  # could not start at all

@@ -141,10 +141,15 @@ class ResumePoints:
         self.journal.event("state_adopted", dir=str(path), step=check.label_step)
         return ""
 
-    def newest(self, nan_step: int | None = None) -> StateRecord | None:
+    def newest(self, nan_step: int | None = None, max_steps: int | None = None) -> StateRecord | None:
+        """The newest complete state to resume from: never one saved at or after a NaN, and never
+        one at ``max_steps`` or past it (kohya refuses ``--initial_step`` >= ``--max_train_steps``,
+        so a fault after the last state, before the final weights, resumes one state earlier)."""
         best: StateRecord | None = None
         for state in self.ledger.states:
             if state.dir in self.ledger.bad_states or (nan_step is not None and state.step >= nan_step):
+                continue
+            if max_steps is not None and state.step >= max_steps:
                 continue
             if best is not None and (state.step, state.attempt) <= (best.step, best.attempt):
                 continue
