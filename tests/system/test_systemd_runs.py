@@ -203,17 +203,23 @@ def test_started_it_is_active_with_its_step_in_the_status_and_a_stop_is_clean(wo
         assert show(sb)["ActiveState"] == "inactive" and len(service.ends()) == 1
 
 
+def signal_main_and_await_restart(sb: Sandbox, signal_flag: str, what: str) -> str:
+    """Signal trainsup (the unit's MainPID) and wait for systemd's one restart; the old pid."""
+    old = show(sb)["MainPID"]
+    sb.exec("kill", signal_flag, old)
+    wait_until(lambda: (s := show(sb))["NRestarts"] == "1" and s["MainPID"] not in ("0", old), timeout=60,
+               interval=0.1, what=what)
+    return old
+
+
 def test_a_killed_trainsup_is_restarted_and_resumes_from_the_newest_complete_state(work: Path) -> None:
     service = Service(work, steps=20, env={"TRAINSUP_DEMO_STEP_SECONDS": "0.3"})
     reference = service.reference()
     with Census(service) as census, sandbox(service.units) as sb:
         sb.ctl("start", UNIT)
         wait_until(lambda: service.saved(8), timeout=60, interval=0.05, what="the state at step 8")
-        old = show(sb)["MainPID"]
         killed_at = time.time()
-        sb.exec("kill", "-9", old)
-        wait_until(lambda: (s := show(sb))["NRestarts"] == "1" and s["MainPID"] not in ("0", old), timeout=60,
-                   interval=0.1, what="systemd to restart trainsup")
+        signal_main_and_await_restart(sb, "-9", "systemd to restart trainsup")
         assert finished(sb, service)["ActiveState"] == "inactive"
         assert service.ends() == ["signal killed KILL", "success exited 0"], service.diagnostics(sb)
     assert census.most == 1, f"{census.most} trainers ran at once"
@@ -231,10 +237,7 @@ def test_a_frozen_trainsup_is_killed_by_the_watchdog_and_restarted(work: Path) -
     with Census(service) as census, sandbox(service.units) as sb:
         sb.ctl("start", UNIT)
         wait_until(lambda: service.saved(4), timeout=60, interval=0.05, what="the state at step 4")
-        old = show(sb)["MainPID"]
-        sb.exec("kill", "-STOP", old)
-        wait_until(lambda: (s := show(sb))["NRestarts"] == "1" and s["MainPID"] not in ("0", old), timeout=60,
-                   interval=0.1, what="the watchdog to restart trainsup")
+        old = signal_main_and_await_restart(sb, "-STOP", "the watchdog to restart trainsup")
         assert sb.exec("kill", "-0", old).returncode != 0  # the frozen one is gone
         assert finished(sb, service)["ActiveState"] == "inactive"
         ends = service.ends()
