@@ -52,20 +52,55 @@ def _parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true", help="one JSON object with every finding")
     doctor.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
     status = sub.add_parser("status", help="show where runs stand (every project when none is named)",
-                            usage="trainsup status [--json] [PROJECT|RUN_DIR ...]")
+                            usage="trainsup status [--json] [--state DIR] [PROJECT|RUN_DIR|ID ...]")
     status.add_argument("--json", action="store_true", help="one JSON array, an object per run")
-    status.add_argument("runs", nargs="*", metavar="PROJECT|RUN_DIR")
+    status.add_argument("--state", type=Path, metavar="DIR",
+                        help="the queue's state directory, whose queue is shown too (default: trainsup serve's)")
+    status.add_argument("runs", nargs="*", metavar="PROJECT|RUN_DIR|ID")
     logs = sub.add_parser("logs", help="print a run's trainer log, or follow it",
                           usage="trainsup logs [-f] [--attempt N] PROJECT|RUN_DIR")
     logs.add_argument("-f", "--follow", action="store_true",
                       help="keep printing as the run goes, through later attempts, until it ends")
     logs.add_argument("--attempt", type=_positive_int, metavar="N", help="attempt N's log (default: the newest)")
     logs.add_argument("run", metavar="PROJECT|RUN_DIR")
-    stop = sub.add_parser("stop", help="ask a run's supervisor to stop, and wait until it has",
-                          usage="trainsup stop [--timeout S] PROJECT|RUN_DIR")
+    stop = sub.add_parser("stop", help="ask a run's supervisor (or a queue entry) to stop, and wait until it has",
+                          usage="trainsup stop [--timeout S] [--state DIR] PROJECT|RUN_DIR|ID")
+    stop.add_argument("--state", type=Path, metavar="DIR", help="the queue's state directory, for an entry ID")
     stop.add_argument("--timeout", type=_seconds, default=120.0, metavar="S",
                       help="how long to wait for it (default 120 s; it waits stop.grace_s for the trainer)")
-    stop.add_argument("run", metavar="PROJECT|RUN_DIR")
+    stop.add_argument("run", metavar="PROJECT|RUN_DIR|ID")
+    serve = sub.add_parser("serve", help="the box's daemon: work through the queue of projects",
+                           usage="trainsup serve [--state DIR] [--slots N] [--policy FILE]")
+    serve.add_argument("--state", type=Path, metavar="DIR", help="the queue's state directory (default: "
+                       "$TRAINSUP_STATE, else /var/lib/trainsup for root, else ~/.local/state/trainsup)")
+    serve.add_argument("--slots", type=_count, metavar="N",
+                       help="entries run at once (default: one per GPU, or 1 without GPUs)")
+    serve.add_argument("--min-free-mib", type=_count, default=2048, metavar="MIB",
+                       help="a GPU with less free memory than this gets no entry (default 2048)")
+    serve.add_argument("--policy", type=Path, metavar="FILE",
+                       help="YAML whose notify: and metrics: sections the daemon uses (see config.example.yaml)")
+    queue = sub.add_parser("queue", help="add, list, reorder and pause the entries trainsup serve runs")
+    queue_sub = queue.add_subparsers(dest="queue_verb", required=True)
+    q_add = queue_sub.add_parser("add", help="queue a project (a name or a file); prints the entry's id",
+                                 usage="trainsup queue add [--state DIR] [--gpus LIST] [--priority P] PROJECT")
+    q_add.add_argument("--gpus", metavar="LIST", help="run it on these GPUs (indices or UUIDs, comma-separated)")
+    q_add.add_argument("--priority", type=int, default=0, metavar="P", help="higher starts first (default 0)")
+    q_add.add_argument("project", metavar="PROJECT")
+    q_list = queue_sub.add_parser("list", help="every entry and how it stands",
+                                  usage="trainsup queue list [--state DIR] [--json]")
+    q_list.add_argument("--json", action="store_true", help="one JSON array, an object per entry")
+    q_remove = queue_sub.add_parser("remove", help="take a waiting or ended entry off the queue",
+                                    usage="trainsup queue remove [--state DIR] ID")
+    q_remove.add_argument("id", metavar="ID")
+    q_move = queue_sub.add_parser("move", help="put a queued entry at another place",
+                                  usage="trainsup queue move [--state DIR] ID --to POS")
+    q_move.add_argument("id", metavar="ID")
+    q_move.add_argument("--to", type=_count, required=True, metavar="POS", help="1 is next to start")
+    queue_sub.add_parser("pause", help="start nothing new; running entries finish",
+                         usage="trainsup queue pause [--state DIR]")
+    queue_sub.add_parser("resume", help="start entries again", usage="trainsup queue resume [--state DIR]")
+    for verb_parser in queue_sub.choices.values():
+        verb_parser.add_argument("--state", type=Path, metavar="DIR", help="the queue's state directory")
     service = sub.add_parser("service", help="run projects under systemd: print the unit, install a project")
     service_sub = service.add_subparsers(dest="service_verb", required=True)
     unit = service_sub.add_parser("unit", help="print the trainsup@.service unit for this installation",
@@ -89,6 +124,16 @@ def _positive_int(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an attempt number >= 1, got {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
     return value
 
 
@@ -145,6 +190,15 @@ def _main(argv: list[str] | None) -> int:
             return 130  # Ctrl-C is how `logs -f` is meant to end: no message
     if args.verb == "service":
         return _service(args)
+    if args.verb == "serve":
+        return _serve(args)
+    if args.verb == "queue":
+        from .commands.queue import run_queue
+
+        return run_queue(args.queue_verb, state=args.state, env=os.environ, out=sys.stdout, err=sys.stderr,
+                         project=getattr(args, "project", None), gpus=getattr(args, "gpus", None),
+                         priority=getattr(args, "priority", 0), entry_id=getattr(args, "id", None),
+                         to=getattr(args, "to", None), as_json=getattr(args, "json", False))
     if args.verb == "demo":
         from .demo.story import run_demo
 
@@ -162,6 +216,15 @@ def _service(args: argparse.Namespace) -> int:
     except ServiceError as exc:
         print(f"trainsup service: error: {exc}", file=sys.stderr)
         return exc.code
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .service.daemon import Daemon, ServeOptions, install_signal_handlers
+    from .service.queuestore import state_dir
+
+    daemon = Daemon(ServeOptions(state_dir(args.state), args.slots, args.min_free_mib, env=dict(os.environ)))
+    install_signal_handlers(daemon)
+    return daemon.run()
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -182,14 +245,19 @@ def _runs(args: argparse.Namespace) -> int:
     if args.verb == "status":
         from .commands.status import run_status
 
-        return run_status(args.runs, as_json=args.json, env=os.environ, out=sys.stdout, err=sys.stderr)
+        return run_status(args.runs, as_json=args.json, env=os.environ, out=sys.stdout, err=sys.stderr,
+                          state=args.state)
     if args.verb == "logs":
         from .commands.logs import run_logs
 
         return run_logs(args.run, attempt=args.attempt, follow=args.follow, env=os.environ,
                         out=sys.stdout.buffer, err=sys.stderr)
+    from .commands.queue import find_entry, stop_entry
     from .commands.stop import run_stop
 
+    found = find_entry(args.run, os.environ, args.state)
+    if found is not None:  # a queue entry's id
+        return stop_entry(*found, timeout=args.timeout, out=sys.stdout, err=sys.stderr)
     return run_stop(args.run, timeout=args.timeout, env=os.environ, out=sys.stdout, err=sys.stderr)
 
 

@@ -157,20 +157,31 @@ def format_line(run: RunView, name_width: int = 0) -> str:
     return "  ".join(parts).rstrip()
 
 
-def run_status(args: Sequence[str], *, as_json: bool, env: Mapping[str, str], out: TextIO, err: TextIO) -> int:
-    """Print every named run (every project when none is named); 2 when an argument names none."""
+def run_status(args: Sequence[str], *, as_json: bool, env: Mapping[str, str], out: TextIO, err: TextIO,
+               state: Path | None = None) -> int:
+    """Print every named run (every project, and the queue, when none is named); 2 when an argument
+    names none."""
+    from ..service.queuestore import QueueStore, state_dir
+    from .queue import find_entry, queue_text
+
+    store = QueueStore(state_dir(state, env))
+    entries = store.entries() if not args and store.exists() else []
     if args:
         refs = []
         for arg in args:
             try:
                 refs.append(resolve(arg, env))
             except RefError as exc:
-                print(f"trainsup status: error: {exc}", file=err)
-                return EXIT_USAGE
+                found = find_entry(arg, env, state)
+                if found is None:
+                    print(f"trainsup status: error: {exc}", file=err)
+                    return EXIT_USAGE
+                refs.append(RunRef(f"{found[1].id} {found[1].project}", Path(found[1].run_dir), None))
     else:
         folder, refs = every_project(env)
-        if not refs and not as_json:
-            print(f"trainsup status: no projects in {folder}; name a run dir or a project file", file=err)
+        if not refs and not entries and not as_json:
+            print(f"trainsup status: no projects in {folder} and no queue in {store.root}; "
+                  "name a run dir or a project file", file=err)
     views = [view(ref) for ref in refs]
     if as_json:
         print(json.dumps([asdict(v) for v in views], default=_json_default), file=out)
@@ -178,6 +189,8 @@ def run_status(args: Sequence[str], *, as_json: bool, env: Mapping[str, str], ou
         width = max((len(v.name) for v in views), default=0)
         for v in views:
             print(format_line(v, width), file=out)
+        if entries:
+            print(queue_text(store, entries), file=out)
     return EXIT_OK
 
 

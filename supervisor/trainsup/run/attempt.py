@@ -18,6 +18,8 @@ from typing import Any
 
 from ..faults.matchers import Progress
 from ..faults.scanner import Evidence, ExitInfo, FaultScanner, classify_exit
+from ..record.journal import Journal
+from ..sensors import stacks
 from ..sensors.hang import HangClock, HangPolicy
 from . import process
 from .observe import Observations, OutputParser
@@ -157,3 +159,17 @@ def run_attempt(argv: list[str], env: dict[str, str], cwd: Path, log_path: Path,
     evidence = verdict if verdict is not None and verdict.fault == fault else None  # never another fault's line
     return AttemptResult(exit_code, sig, obs, fault, evidence, uptime, stop_signal, nan_step, stopped_for_change)
 
+
+def take_hang_stacks(number: int, pid: int, idle_s: float, clock: HangClock, step: int | None,
+                     gpu: str | None, run_dir: Path, journal: Journal, say: Callable[[str], None],
+                     attempt: int, obs: Observations) -> Evidence:
+    """The trainer made no progress for too long: every Python stack of its tree goes to
+    ``RUN_DIR/hang-N.txt`` (journal ``hang_stacks``) before it is stopped; returns the hang's evidence."""
+    say(f"hang: no progress for {idle_s:.0f} s; taking the stacks of the trainer's processes")
+    path = run_dir / f"hang-{number}.txt"
+    text, taken, error = stacks.hang_report(pid, idle_s, clock, step, gpu, path)
+    if error:
+        say(f"warning: cannot write {path}: {error}")
+    journal.event("hang_stacks", path=str(path), processes=len(taken),
+                  py_spy=all(s.innermost is not None for s in taken), attempt=attempt)
+    return Evidence("hang", text, obs.lines, "root")

@@ -16,7 +16,7 @@ import queue
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,14 +24,14 @@ from typing import Any
 from ..faults.matchers import Progress
 from ..faults.rules import compose_rules
 from ..faults.scanner import Evidence, FaultScanner
-from ..record.journal import Journal
+from ..record.journal import Journal, JournalListener
 from ..record.ledger import Ledger, StateRecord
 from ..record.runlock import INHERITED_FD, LockHeld, RunLock
-from ..sensors import gpu, stacks
+from ..sensors import gpu
 from ..sensors.hang import HangClock
 from ..sensors.watch import FileWatcher
 from . import process
-from .attempt import AttemptHooks, AttemptResult, run_attempt
+from .attempt import AttemptHooks, AttemptResult, run_attempt, take_hang_stacks
 from .decide import EXIT_STOPPED, Decision, History, Outcome, decide, record, stops_at_once
 from .gpuguard import GpuGuard
 from .live import LiveInputs
@@ -66,8 +66,9 @@ class Supervisor:
     def __init__(self, spec: RunSpec, policy: Policy, *, clock: Callable[[], float] = time.monotonic,
                  spawn: Callable[..., process.Child] = process.spawn,
                  gpu_probe: Callable[[], gpu.GpuProbe] = gpu.probe,
-                 notify_env: Mapping[str, str] = os.environ) -> None:
+                 notify_env: Mapping[str, str] = os.environ, listeners: Sequence[JournalListener] = ()) -> None:
         self.spec = spec
+        self.listeners = tuple(listeners)  # hear the journal: notifications, metrics (see service)
         self.policy = policy
         self.clock = clock
         self.spawn = spawn
@@ -106,6 +107,8 @@ class Supervisor:
             self.say(f"error: cannot use run dir {self.run_dir}: {exc}")
             return 2
         self.journal = Journal(self.run_dir)
+        for listener in self.listeners:
+            self.journal.listen(listener)
         take_over(self.run_dir, self.journal, self.say, self.policy.stop_grace_s)  # a dead supervisor's run
         self.ledger = Ledger.load(self.run_dir / "ledger.json")
         self.history = History()
@@ -114,8 +117,9 @@ class Supervisor:
                                    p.plan.value("mixed_precision") == "fp16", self.journal, self.say)
         self.points.continue_ledger()
         first = 1 + sum(1 for _ in self.run_dir.glob("attempt-*.log"))
+        project = self.spec.project.name if self.spec.project else p.output_name or self.run_dir.name
         self.journal.event("run_start", argv=list(self.spec.argv), run_dir=str(self.run_dir),
-                           policy=self.policy.source)
+                           policy=self.policy.source, project=project)
         for note in p.notes:
             self.say(note)
             self.journal.event("plan_adjusted", note=note)
@@ -284,17 +288,10 @@ class Supervisor:
                                line=evidence.lineno, attempt=self.attempt_no)
 
     def _on_hang(self, pid: int, idle_s: float, clock: HangClock, obs: Observations) -> Evidence:
-        """The trainer made no progress for too long: take every Python stack of its tree first."""
         self.hangs += 1
-        self.say(f"hang: no progress for {idle_s:.0f} s; taking the stacks of the trainer's processes")
         step = None if clock.step is None else self.resume_step + clock.step
-        path = self.run_dir / f"hang-{self.hangs}.txt"
-        text, taken, error = stacks.hang_report(pid, idle_s, clock, step, self.gpu.utilization(), path)
-        if error:
-            self.say(f"warning: cannot write {path}: {error}")
-        self.journal.event("hang_stacks", path=str(path), processes=len(taken),
-                           py_spy=all(s.innermost is not None for s in taken), attempt=self.attempt_no)
-        return Evidence("hang", text, obs.lines, "root")
+        return take_hang_stacks(self.hangs, pid, idle_s, clock, step, self.gpu.utilization(), self.run_dir,
+                                self.journal, self.say, self.attempt_no, obs)
 
     def _on_summary(self, obs: Observations) -> None:
         """The trainer's start-up summary: fix this attempt's step offset, warn of kohya's overshoot."""
@@ -377,6 +374,8 @@ class Supervisor:
     def _close(self) -> None:
         for sensor in filter(None, (getattr(self, "watcher", None), getattr(self, "gpu", None))):
             sensor.stop()
+        for listener in self.listeners:  # before the journal: a listener may journal while it drains
+            listener.close()
         self.journal.close()
         self.notifier.close()
 

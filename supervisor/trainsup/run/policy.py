@@ -3,10 +3,14 @@
 Every key is optional; ``config.example.yaml`` lists them with their defaults. Errors name the file,
 the line, the key path, what was expected and what was found, e.g.
 ``policy.yaml:12: restart.max: expected an integer >= 0, got 'five'``.
+
+``notify:`` and ``metrics:`` are parsed here (the run layer carries them) and acted on by ``service``
+(``service.alerts``, ``service.metrics``).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +24,41 @@ from ..sensors.hang import HangPolicy
 
 class PolicyError(ValueError):
     pass
+
+
+NOTIFY_EVENTS = ("finished", "gave_up", "fault", "remedy", "hang", "queue_empty")
+_ENV_REF = re.compile(r"\$\{([^}]*)\}")  # ${NAME} in a notification URL: taken from the environment
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class NotifyPolicy:
+    """``notify:``: where to send notifications (apprise URLs) and on which events."""
+
+    urls: tuple[str, ...] = ()  # apprise URLs; ${NAME} is replaced by the environment's NAME when sending
+    on: tuple[str, ...] = ("finished", "gave_up", "hang")  # of NOTIFY_EVENTS
+    tail_lines: int = 20  # the attempt log's last lines in a run's notification
+    timeout_s: float = 10.0  # connect and read timeout of each send
+    rate_limit_s: float = 600.0  # the same fault with the same remedy is told once in this long
+
+
+@dataclass(frozen=True)
+class MetricsPolicy:
+    """``metrics:``: a Prometheus endpoint and/or a node_exporter textfile (both off by default)."""
+
+    listen: str | None = None  # "HOST:PORT" (normalised; a bare port means 127.0.0.1)
+    textfile: str | None = None  # a .prom file, replaced atomically; relative: in the run dir
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``"127.0.0.1:9464"``, ``"[::1]:9464"``, ``"0.0.0.0:9464"`` or a bare ``"9464"`` (loopback)."""
+    host, sep, port = value.rpartition(":")
+    if not sep:
+        host, port = "127.0.0.1", value
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"{value!r}")
+    return host, int(port)
 
 
 @dataclass(frozen=True)
@@ -41,6 +80,8 @@ class Policy:
     rules: tuple[Any, ...] = field(default_factory=tuple)  # fault rules added by the user
     hang: HangPolicy = field(default_factory=HangPolicy)  # the hang clock's timeouts (see sensors.hang)
     gpu: GpuPolicy = field(default_factory=GpuPolicy)  # sampling and relaunch waits (see sensors.gpuwatch)
+    notify: NotifyPolicy = field(default_factory=NotifyPolicy)  # notifications (see service.alerts)
+    metrics: MetricsPolicy = field(default_factory=MetricsPolicy)  # Prometheus (see service.metrics)
     source: str = "<defaults>"
 
 
@@ -85,6 +126,52 @@ def _bool(v: Any) -> bool:
     return v
 
 
+def _url(v: Any) -> str:
+    if not isinstance(v, str) or not v.strip():
+        raise TypeError("a URL")
+    for name in _ENV_REF.findall(v):
+        if not _ENV_NAME.fullmatch(name):
+            raise TypeError(f"${{NAME}} with NAME an environment variable's name (not {name!r})")
+    return v.strip()
+
+
+def _list_of(item: Callable[[Any], str], what: str) -> Callable[[Any], tuple[str, ...]]:
+    def conv(v: Any) -> tuple[str, ...]:
+        if not isinstance(v, list):
+            raise TypeError(f"a list of {what}")
+        try:
+            return tuple(item(x) for x in v)
+        except TypeError as exc:
+            raise TypeError(f"a list of {what} ({exc})") from None
+    return conv
+
+
+def _event(v: Any) -> str:
+    if v not in NOTIFY_EVENTS:
+        raise TypeError(f"not {v!r}")
+    return str(v)
+
+
+def _listen(v: Any) -> str | None:
+    if v is None:
+        return None
+    try:
+        if isinstance(v, bool) or not isinstance(v, (int, str)):
+            raise ValueError
+        host, port = parse_listen(str(v).strip())
+    except ValueError:
+        raise TypeError("null, a port or HOST:PORT (port 1-65535)") from None
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _prom_file(v: Any) -> str | None:
+    if v is None:
+        return None
+    if not isinstance(v, str) or not v.strip().endswith(".prom"):
+        raise TypeError("null or a path ending in .prom (node_exporter reads only those)")
+    return v.strip()
+
+
 # section -> key -> (Policy field, converter)
 _SCHEMA: dict[str, dict[str, tuple[str, Callable[[Any], Any]]]] = {
     "restart": {
@@ -121,6 +208,14 @@ _SCHEMA: dict[str, dict[str, tuple[str, Callable[[Any], Any]]]] = {
         "foreign_warn_mib": ("gpu.foreign_warn_mib", _num(0)),
         "on_foreign": ("gpu.on_foreign", _choice("warn", "wait")),
     },
+    "notify": {
+        "urls": ("notify.urls", _list_of(_url, "apprise URLs")),
+        "on": ("notify.on", _list_of(_event, " | ".join(NOTIFY_EVENTS))),
+        "tail_lines": ("notify.tail_lines", _int(0)),
+        "timeout_s": ("notify.timeout_s", _num(1)),
+        "rate_limit_s": ("notify.rate_limit_s", _num(0)),
+    },
+    "metrics": {"listen": ("metrics.listen", _listen), "textfile": ("metrics.textfile", _prom_file)},
 }
 _TOP_LEVEL = set(_SCHEMA) | {"rules"}
 
@@ -176,8 +271,9 @@ def parse_policy(text: str, source: str, allow: frozenset[str] = frozenset()) ->
             except TypeError as exc:
                 raise PolicyError(f"{source}:{kline}: {section}.{key}: expected {exc}, got {raw!r}") from None
     nested = {section: {k.removeprefix(f"{section}."): values.pop(k) for k in list(values)
-                        if k.startswith(f"{section}.")} for section in ("hang", "gpu")}
-    return Policy(source=source, hang=HangPolicy(**nested["hang"]), gpu=GpuPolicy(**nested["gpu"]), **values)
+                        if k.startswith(f"{section}.")} for section in ("hang", "gpu", "notify", "metrics")}
+    return Policy(source=source, hang=HangPolicy(**nested["hang"]), gpu=GpuPolicy(**nested["gpu"]),
+                  notify=NotifyPolicy(**nested["notify"]), metrics=MetricsPolicy(**nested["metrics"]), **values)
 
 
 def _rules(node: yaml.Node, source: str) -> tuple[Any, ...]:
