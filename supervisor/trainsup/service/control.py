@@ -48,7 +48,7 @@ class ControlServer(threading.Thread):
         super().__init__(name="trainsup-control", daemon=True)
         self.path = path
         self.events = events
-        self._stop = threading.Event()
+        self._closing = threading.Event()
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # a dead daemon's socket; the state dir's lock proved no daemon is alive
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
@@ -62,7 +62,7 @@ class ControlServer(threading.Thread):
         self.sock.settimeout(0.2)
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._closing.is_set():
             try:
                 conn, _ = self.sock.accept()
             except TimeoutError:
@@ -91,7 +91,7 @@ class ControlServer(threading.Thread):
             return  # a client that went away or sent garbage costs nothing
 
     def stop(self) -> None:
-        self._stop.set()
+        self._closing.set()
         self.sock.close()
         self.join(timeout=2)
         with contextlib.suppress(OSError):
