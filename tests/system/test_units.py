@@ -140,3 +140,13 @@ def test_the_shipped_units_know_no_setting_unknown_to_systemd(analyze: None, rel
     version = systemd_version()
     allowed = NEWER_KEYS if version is not None and version < RESTART_STEPS_SINCE else set()
     assert unknown <= allowed, f"systemd {version} does not know {sorted(unknown - allowed)}"
+
+
+def test_the_queue_daemons_unit_knows_no_setting_unknown_to_systemd(analyze: None, tmp_path: Path) -> None:
+    """systemd/trainsup.service (``trainsup serve``), its ExecStart= pointed at a real executable."""
+    exe = " ".join(exec_arg(a) for a in trainsup_exec(executable=sys.executable))
+    text = (ROOT / "systemd" / "trainsup.service").read_text()
+    assert "ExecStart=/usr/local/bin/trainsup serve\n" in text
+    output = _verify(text.replace("ExecStart=/usr/local/bin/trainsup serve", f"ExecStart={exe} serve"), False,
+                     tmp_path)
+    assert not _unknown_keys(output), output
