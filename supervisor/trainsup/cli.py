@@ -13,6 +13,11 @@ attempt N, unreadable); 2 no such run; 130 interrupted (quietly); 141 its reader
 within ``--timeout``, or its pid could not be signalled); 2 no such run.
 ``trainsup service``: 0 done; 1 a ``systemctl`` command of ``--enable`` failed; 2 bad usage, an invalid
 project file, a different file of that name already installed, or a file that cannot be written.
+``trainsup serve``: 0 stopped by SIGTERM/SIGINT (running entries requeued); 2 bad usage, the state
+directory cannot be used, or another daemon holds it.
+``trainsup queue``: 0 done; 1 refused (removing or moving a running entry); 2 bad usage, no such
+entry, an invalid project file, or a state directory that cannot be used.
+``trainsup stop ID`` (a queue entry): 0 stopped, or it was not running; 1 still running.
 Any verb: 130 interrupted; 70 an internal error, a bug of trainsup's, reported as one line
 (``TRAINSUP_DEBUG=1`` shows the traceback).
 """
@@ -299,7 +304,9 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
             print(f"trainsup run: error: {exc}", file=sys.stderr)
             return 2
         spec = RunSpec(tuple(command), Path.cwd(), args.run_dir, dict(os.environ), not args.quiet, args.policy)
-    supervisor = Supervisor(spec, policy)
+    from .service.reporting import listeners_for  # notify: and metrics: (nothing when they are off)
+
+    supervisor = Supervisor(spec, policy, listeners=listeners_for(policy, os.environ))
     install_signal_handlers(supervisor)
     code = supervisor.run()
     if supervisor.reexec_env is not None:

@@ -1,8 +1,9 @@
 """The verbs beside ``run``, one module each: ``diagnose`` (saved logs, offline), ``doctor`` (with
 its checks: a command before it runs), ``status``, ``logs`` and ``stop`` (a run from outside, through
 its run dir; ``runref`` finds the run an argument names) and ``service`` (the systemd unit and a
-project's installation). ``cli`` parses argv for them and exits.
+project's installation) and ``queue`` (the entries ``trainsup serve`` runs, and ``stop ID``). ``cli``
+parses argv for them and exits.
 
-May import ``run``, ``faults``, ``kohya``, ``sensors``, ``record``, and the demo's argument parser
+May import ``service``, ``run``, ``faults``, ``kohya``, ``sensors``, ``record``, and the demo's argument parser
 (to know the demo scripts' flags); never ``cli``.
 """
