@@ -18,7 +18,7 @@ import yaml
 from tests.conftest import ROOT, trainsup_cmd, wait_until
 from tests.e2e.demo_harness import FAST_POLICY, clean_env, demo_argv
 from tests.system.sandbox import sandbox
-from tests.system.test_systemd_runs import DROP_IN, _under_tmp, systemd_here, work  # noqa: F401 - fixtures
+from tests.system.test_systemd_runs import DROP_IN, _under_tmp
 from trainsup.demo.make_assets import make_assets
 
 UNIT = "trainsup.service"

@@ -13,23 +13,19 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Self
 
 import psutil
-import pytest
 import yaml
 
 from tests.conftest import ROOT, wait_until
 from tests.e2e.demo_harness import FAST_POLICY, assert_same_weights, demo_argv, run_plain
-from tests.system.sandbox import Sandbox, sandbox, unavailable
+from tests.system.sandbox import Sandbox, sandbox
 from trainsup.demo.make_assets import make_assets
 from trainsup.record.journal import read_events
 
@@ -54,31 +50,6 @@ ExecStopPost=/bin/sh -c 'echo "$$SERVICE_RESULT $$EXIT_CODE $$EXIT_STATUS" >> {e
 
 def _under_tmp(path: Path) -> bool:
     return any(path.absolute().is_relative_to(tmp) for tmp in ("/tmp", "/var/tmp"))
-
-
-@pytest.fixture(scope="module")
-def systemd_here() -> None:
-    reason = unavailable()
-    if reason:
-        pytest.skip(reason)
-
-
-def _scratch_base() -> Path:
-    """Not under /tmp or /var/tmp: the unit's PrivateTmp= would hide the files from the service."""
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trainsup-system-tests"
-    if any(base.resolve().is_relative_to(t) for t in ("/tmp", "/var/tmp")):
-        base = Path("/var/cache/trainsup-system-tests")
-    base.mkdir(parents=True, exist_ok=True)
-    return base
-
-
-@pytest.fixture
-def work(systemd_here: None) -> Iterator[Path]:
-    folder = Path(tempfile.mkdtemp(prefix="run-", dir=_scratch_base()))
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 class Service:

@@ -94,7 +94,7 @@ class Journal:
                 for listener in list(self._listeners):
                     try:
                         getattr(listener, method)(payload)
-                    except Exception as exc:  # a listener never breaks the journal
+                    except Exception as exc:  # noqa: BLE001 - a listener never breaks the journal
                         self._listeners.remove(listener)
                         print(f"trainsup: warning: {type(listener).__name__} failed and is turned off "
                               f"({type(exc).__name__}: {exc}); supervision goes on", file=sys.stderr)

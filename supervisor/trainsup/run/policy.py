@@ -27,7 +27,7 @@ class PolicyError(ValueError):
 
 
 NOTIFY_EVENTS = ("finished", "gave_up", "fault", "remedy", "hang", "queue_empty")
-_ENV_REF = re.compile(r"\$\{([^}]*)\}")  # ${NAME} in a notification URL: taken from the environment
+ENV_REF = re.compile(r"\$\{([^}]*)\}")  # ${NAME} in a notification URL: taken from the environment
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -129,7 +129,7 @@ def _bool(v: Any) -> bool:
 def _url(v: Any) -> str:
     if not isinstance(v, str) or not v.strip():
         raise TypeError("a URL")
-    for name in _ENV_REF.findall(v):
+    for name in ENV_REF.findall(v):
         if not _ENV_NAME.fullmatch(name):
             raise TypeError(f"${{NAME}} with NAME an environment variable's name (not {name!r})")
     return v.strip()
@@ -155,12 +155,13 @@ def _event(v: Any) -> str:
 def _listen(v: Any) -> str | None:
     if v is None:
         return None
+    expected = "null, a port or HOST:PORT (port 1-65535)"
+    if isinstance(v, bool) or not isinstance(v, (int, str)):
+        raise TypeError(expected)
     try:
-        if isinstance(v, bool) or not isinstance(v, (int, str)):
-            raise ValueError
         host, port = parse_listen(str(v).strip())
     except ValueError:
-        raise TypeError("null, a port or HOST:PORT (port 1-65535)") from None
+        raise TypeError(expected) from None
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 

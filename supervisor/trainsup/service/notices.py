@@ -149,8 +149,10 @@ class RunStory:
                             fault_key(cls, fault.get("evidence"), actions))
 
     def _gave_up(self, end: Mapping[str, Any]) -> list[Notice]:
-        fault, self.pending = self.pending, None
         code, reason = end.get("exit_code"), str(end.get("reason") or "")
+        if isinstance(code, int) and code > 128:
+            return self.flush()  # stopped by a signal: someone (you, systemd) asked for it; not told
+        fault, self.pending = self.pending, None
         verb = "gave up" if code == 3 else "stopped"
         lines = self._fault_lines(fault) if fault else []
         lines.append(f"reason: {reason}" + (f" (exit {code})" if code is not None else ""))
@@ -165,14 +167,14 @@ class RunStory:
         lines.append(f"attempts: {self.attempts}; faults: {faults}"
                      + (f"; took {eta_text(took)}" if took is not None else ""))
         return self._notice(("finished",), self._at(None, "finished"), "success", lines,
-                            end.get("attempt") or self.attempt, None)
+                            end.get("attempt") or self.attempt, None, speed=False)
 
     def _notice(self, kinds: tuple[str, ...], title: str, level: str, lines: list[str], attempt: Any,
-                key: str | None) -> list[Notice]:
+                key: str | None, speed: bool = True) -> list[Notice]:
         wanted = [k for k in kinds if k in self.on]
         if not wanted:
             return []
-        lines = [*lines, self._progress_line()]
+        lines = [*lines, self._progress_line(speed)]
         if self.run_dir is not None:
             lines.append(f"run dir: {self.run_dir}")
         log = self.run_dir / f"attempt-{attempt}.log" if self.run_dir is not None and attempt else None
@@ -200,9 +202,10 @@ class RunStory:
         step = self.status.get("step")
         return self.end_step if step is None else step
 
-    def _progress_line(self) -> str:
+    def _progress_line(self, speed: bool) -> str:
+        """Step, loss, speed and ETA (the speed last seen: a fault's ETA is at the speed it had)."""
         s = self.status
-        step, total, loss, rate = self._step(), s.get("total"), s.get("loss"), s.get("rate")
+        step, total, loss, rate = self._step(), s.get("total"), s.get("loss"), s.get("rate") if speed else None
         parts = [f"step {step}/{total}" if total else f"step {step}"] if step is not None else []
         if isinstance(loss, (int, float)):
             parts.append(f"loss {loss:.4g}")
