@@ -224,10 +224,17 @@ def _service(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from .run.policy import PolicyError, load_policy
     from .service.daemon import Daemon, ServeOptions, install_signal_handlers
     from .service.queuestore import state_dir
 
-    daemon = Daemon(ServeOptions(state_dir(args.state), args.slots, args.min_free_mib, env=dict(os.environ)))
+    try:
+        policy = load_policy(args.policy)
+    except PolicyError as exc:
+        print(f"trainsup serve: error: {exc}", file=sys.stderr)
+        return 2
+    daemon = Daemon(ServeOptions(state_dir(args.state), args.slots, args.min_free_mib, env=dict(os.environ),
+                                 policy=policy))
     install_signal_handlers(daemon)
     return daemon.run()
 

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import pytest
 from tests.conftest import trainsup_cmd, wait_until
 from tests.e2e.demo_harness import clean_env, demo_argv
 from tests.fakenvml import GIB, FakeNvml
+from tests.unit.test_alerts_metrics import Receiver, free_port, scrape
 from trainsup.record.journal import read_events
 from trainsup.sensors import gpu
 from trainsup.service.daemon import Daemon, ServeOptions
@@ -83,7 +85,11 @@ def test_a_failed_entry_does_not_stop_the_queue(assets: dict[str, Path], tmp_pat
     """The issue's own check: bad.yaml (its model does not exist), good1.yaml, good2.yaml on one slot."""
     files = [_project(tmp_path / "p", "bad", assets, model="missing"), _project(tmp_path / "p", "good1", assets),
              _project(tmp_path / "p", "good2", assets)]
-    daemon = _serve(state, tmp_path / "serve.log", "--slots", "1")
+    receiver, port = Receiver(), free_port()  # the daemon's own notify: and metrics: sections
+    policy = tmp_path / "serve.yaml"
+    policy.write_text(f"notify:\n  urls: ['{receiver.url}']\n  on: [queue_empty]\n"
+                      f"metrics:\n  listen: '127.0.0.1:{port}'\n")
+    daemon = _serve(state, tmp_path / "serve.log", "--slots", "1", "--policy", str(policy))
     ids = []
     for path in files:
         r = _cli(state, "queue", "add", str(path))
@@ -103,7 +109,16 @@ def test_a_failed_entry_does_not_stop_the_queue(assets: dict[str, Path], tmp_pat
     assert good1["run_dir"] == str(tmp_path / "p" / "run-good1")
     status = _cli(state, "status", "--state", str(state))
     assert "0 running · 0 queued · 2 finished · 1 failed" in status.stdout
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        values = scrape(response.read().decode())
+    assert values[("trainsup_queue_entries", (("state", "finished"),))] == 2
+    assert values[("trainsup_queue_entries", (("state", "failed"),))] == 1
+    assert values[("trainsup_run_step", (("project", "good2"),))] == 8  # each entry's run, by project
+    assert values[("trainsup_run_state", (("project", "bad"), ("state", "stopped")))] == 1
     assert _stop(daemon) == 0
+    receiver.close()
+    assert len(receiver.bodies) == 1 and "queue is empty" in receiver.bodies[0]["title"]
+    assert "2 finished · 1 failed" in receiver.bodies[0]["message"]
     events = [e["event"] for e in read_events(state)]
     assert events.count("entry_started") == 3 and events.count("entry_ended") == 3 and "queue_empty" in events
 

@@ -31,12 +31,14 @@ import psutil
 
 from ..record.journal import Journal
 from ..record.runlock import LockHeld, RunLock, holder
+from ..run.policy import Policy
 from ..run.sdnotify import Notifier
 from ..sensors import gpu
 from ..sensors.gpuwatch import visible_devices
 from ..sensors.watch import FileWatcher
 from . import entryproc, inbox
 from .control import ControlServer, Request
+from .queuereport import QueueReporting
 from .queuestore import Entry, QueueStore, counts
 from .scheduler import plan_starts
 
@@ -52,18 +54,17 @@ class ServeOptions:
     max_lost: int = 3  # supervisor deaths one entry may survive before it is failed
     stop_timeout_s: float = 100.0  # on SIGTERM: how long to wait for the supervisors to stop
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    policy: Policy = field(default_factory=Policy)  # serve --policy: its notify: and metrics: sections
 
 
 class Daemon:
     def __init__(self, opts: ServeOptions, *, gpu_probe: Callable[[], gpu.GpuProbe] = gpu.probe,
-                 clock: Callable[[], float] = time.monotonic,
-                 on_queue_empty: Callable[[dict[str, int]], None] | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.opts = opts
         self.store = QueueStore(opts.state)
         self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.notifier = Notifier(opts.env, clock)
         self.gpu_probe = gpu_probe
-        self.on_queue_empty = on_queue_empty
         self.stop_signal: int | None = None
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self.adopted: dict[str, psutil.Process] = {}
@@ -89,6 +90,8 @@ class Daemon:
             self.say(f"error: cannot use the state directory {self.store.root}: {exc.strerror or exc}")
             return 2
         self.journal = Journal(self.store.root)
+        self.reporting = QueueReporting(self.opts.policy, self.store, self.journal,
+                                        lambda message: self.say(f"warning: {message}"), self.opts.env)
         self.probe = self.gpu_probe()
         self.slots = self.opts.slots or max(1, len(self._devices() or []))
         self.journal.event("serve_start", pid=os.getpid(), slots=self.slots, gpu=self.probe.reason)
@@ -294,6 +297,7 @@ class Daemon:
         for part in ("watcher", "control"):
             with contextlib.suppress(Exception):
                 getattr(self, part).stop()
+        self.reporting.close()
         self.journal.event("serve_stop", signal=self.stop_signal)
         self.journal.close()
         self.probe.close()
@@ -313,9 +317,9 @@ class Daemon:
         if self._was_busy and not busy and not self.shutting_down:
             self.journal.event("queue_empty", **n)
             self.say("the queue is empty: " + status_text(n, paused))
-            if self.on_queue_empty is not None:
-                self.on_queue_empty(n)
+            self.reporting.queue_empty(n, status_text(n, paused))
         self._was_busy = busy
+        self.reporting.published()
 
     def say(self, message: str) -> None:
         print(f"trainsup serve: {message}", file=sys.stderr, flush=True)
