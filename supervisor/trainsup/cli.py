@@ -63,11 +63,12 @@ def _parser() -> argparse.ArgumentParser:
                         help="the queue's state directory, whose queue is shown too (default: trainsup serve's)")
     status.add_argument("runs", nargs="*", metavar="PROJECT|RUN_DIR|ID")
     logs = sub.add_parser("logs", help="print a run's trainer log, or follow it",
-                          usage="trainsup logs [-f] [--attempt N] PROJECT|RUN_DIR")
+                          usage="trainsup logs [-f] [--attempt N] [--state DIR] PROJECT|RUN_DIR|ID")
     logs.add_argument("-f", "--follow", action="store_true",
                       help="keep printing as the run goes, through later attempts, until it ends")
     logs.add_argument("--attempt", type=_positive_int, metavar="N", help="attempt N's log (default: the newest)")
-    logs.add_argument("run", metavar="PROJECT|RUN_DIR")
+    logs.add_argument("--state", type=Path, metavar="DIR", help="the queue's state directory, for an entry ID")
+    logs.add_argument("run", metavar="PROJECT|RUN_DIR|ID")
     stop = sub.add_parser("stop", help="ask a run's supervisor (or a queue entry) to stop, and wait until it has",
                           usage="trainsup stop [--timeout S] [--state DIR] PROJECT|RUN_DIR|ID")
     stop.add_argument("--state", type=Path, metavar="DIR", help="the queue's state directory, for an entry ID")
@@ -261,7 +262,11 @@ def _runs(args: argparse.Namespace) -> int:
                           state=args.state)
     if args.verb == "logs":
         from .commands.logs import run_logs
+        from .commands.queue import find_entry
 
+        found = find_entry(args.run, os.environ, args.state)
+        if found is not None:  # a queue entry's id: its run dir
+            args.run = found[1].run_dir
         return run_logs(args.run, attempt=args.attempt, follow=args.follow, env=os.environ,
                         out=sys.stdout.buffer, err=sys.stderr)
     from .commands.queue import find_entry, stop_entry

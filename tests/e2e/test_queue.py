@@ -143,6 +143,8 @@ def test_pause_inbox_move_and_stop_of_one_entry(assets: dict[str, Path], tmp_pat
     assert _cli(state, "queue", "resume").returncode == 0
     wait_until(lambda: _queue(state)["q1"]["state"] == "running", timeout=60, what="q1 starts after q3")
     assert _queue(state)["q3"]["state"] == "finished"
+    log = _cli(state, "logs", "--state", str(state), "q3")  # an entry's trainer log, by its id
+    assert log.returncode == 0 and "steps" in log.stdout, log.stderr
     assert _cli(state, "queue", "pause").returncode == 0  # q1 goes on; q2 must not start after it
     assert _cli(state, "queue", "remove", "q1").returncode == 1  # running: stop it, not remove it
     stop = _cli(state, "stop", "--state", str(state), "q1")

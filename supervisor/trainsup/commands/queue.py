@@ -113,7 +113,10 @@ def queue_text(store: QueueStore, entries: Sequence[Entry]) -> str:
 
 
 def find_entry(arg: str, env: Mapping[str, str], state: Path | None = None) -> tuple[QueueStore, Entry] | None:
-    """The queue entry ``arg`` names in the known state directory, if it names one."""
+    """The queue entry ``arg`` names in the known state directory, if it names one (a path that
+    exists is a run dir or a project file, never an id)."""
+    if Path(arg).expanduser().exists():
+        return None
     store = QueueStore(state_dir(state, env))
     entry = store.find(arg) if store.exists() else None
     return (store, entry) if entry is not None else None

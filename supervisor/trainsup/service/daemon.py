@@ -45,6 +45,10 @@ from .scheduler import plan_starts
 KNOWN_EXITS = frozenset({0, 2, 3, 4, 70, 130, 143})  # trainsup run's documented exit codes
 
 
+class GpuReadError(RuntimeError):
+    """NVML is there but its answer could not be read this time."""
+
+
 @dataclass(frozen=True)
 class ServeOptions:
     state: Path
@@ -71,6 +75,7 @@ class Daemon:
         self.shutting_down = False
         self.inbox_pending = True
         self._was_busy = False
+        self._gpu_unreadable = False
 
     def request_stop(self, signum: int) -> None:
         self.stop_signal = signum
@@ -93,7 +98,10 @@ class Daemon:
         self.reporting = QueueReporting(self.opts.policy, self.store, self.journal,
                                         lambda message: self.say(f"warning: {message}"), self.opts.env)
         self.probe = self.gpu_probe()
-        self.slots = self.opts.slots or max(1, len(self._devices() or []))
+        try:
+            self.slots = self.opts.slots or max(1, len(self._devices() or []))
+        except GpuReadError:
+            self.slots = self.opts.slots or 1
         self.journal.event("serve_start", pid=os.getpid(), slots=self.slots, gpu=self.probe.reason)
         self.say(f"state dir {self.store.root}; {self.slots} slot(s); GPUs: {self.probe.reason}")
         self.control = ControlServer(self.store.socket_path, self.events)
@@ -150,21 +158,28 @@ class Daemon:
 
     # --- starting --------------------------------------------------------------------------------
     def _devices(self) -> list[gpu.GpuDevice] | None:
+        """The GPUs entries may get (None: no driver, or none visible: the slots alone decide);
+        ``GpuReadError`` when NVML answers but cannot be read now."""
         if not self.probe.available:
             return None
         try:
-            return visible_devices(self.probe.devices(), self.opts.env.get("CUDA_VISIBLE_DEVICES"))
+            devices = visible_devices(self.probe.devices(), self.opts.env.get("CUDA_VISIBLE_DEVICES"))
         except Exception as exc:  # noqa: BLE001 - NVML's errors are many; "unknown" is the answer
-            self.say(f"warning: cannot read the GPUs ({exc}); starting nothing on them this time")
-            return []
+            raise GpuReadError(str(exc)) from None
+        return devices or None
 
     def _schedule(self) -> None:
         entries = self.store.entries()
         if self.store.paused() or not any(e.state == "queued" for e in entries):
             return
-        devices = self._devices()
-        if devices == [] and self.probe.available:
+        try:
+            devices = self._devices()
+        except GpuReadError as exc:
+            if not self._gpu_unreadable:  # once per spell, not every second
+                self.say(f"warning: cannot read the GPUs ({exc}); starting nothing until they answer")
+            self._gpu_unreadable = True
             return
+        self._gpu_unreadable = False
         ours = {e.run_dir for e in entries if e.state == "running"}
         busy = [e.run_dir for e in entries
                 if e.state == "queued" and e.run_dir not in ours and holder(Path(e.run_dir)) is not None]
