@@ -2,7 +2,7 @@
 (its own start-up included) to the entry's supervisor being started (the socket wakes the daemon; without it the next look is up
 to a second away), and the daemon's resident memory and whether torch is mapped into it.
 
-    python benchmarks/queue.py [--reps 10]
+    python benchmarks/serve_queue.py [--reps 10]
 
 Each entry is a tiny project (a script that exits at once, ``restart.max: 0``), so what is timed is the
 queue, not a trainer. Prints a table, and ``--json`` one object on the last line.
