@@ -19,19 +19,6 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILDREN = Path(__file__).resolve().parent / "children"
 
 
-# Tests that must not overlap each other: the real trainer (4 GB, both cores), the systemd sandbox
-# (one at a time, by its rules) and the chaos soak (its timing bounds). xdist runs a group on one
-# worker, in turn, while the other worker takes everything else.
-SERIAL = ("tests/real/", "tests/system/", "tests/e2e/test_chaos.py")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        rel = item.path.relative_to(ROOT).as_posix()
-        if rel.startswith(SERIAL):
-            item.add_marker(pytest.mark.xdist_group("serial"))
-
-
 def wait_until(predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.02,
                what: str = "condition") -> object:
     deadline = time.monotonic() + timeout
