@@ -154,7 +154,7 @@ def test_a_fault_is_told_once_answered_with_evidence_remedy_step_and_eta() -> No
     lines = notice.body.splitlines()
     assert lines[0] == f"evidence: {OOM} (attempt-2.log line 1234)"
     assert lines[1] == "remedy (rung 1): add --gradient_checkpointing, relaunch in 2 s"
-    assert lines[2] == "step 812/2000 · loss 0.0912 · 1.9 it/s · ETA 10 min · attempt 2"
+    assert lines[2] == "step 812/2000 · loss 0.0912 · 1.9 it/s · eta 10m25s · attempt 2"
     assert notice.log == Path("/srv/out/.trainsup/attempt-2.log")
     # the default `on` (finished, gave_up, hang) does not tell a remedied fault
     assert story_of(("finished", "gave_up", "hang"), *OOM_RUN) == []
@@ -186,7 +186,7 @@ def test_hang_gave_up_and_finished_messages() -> None:
             {"ts": 160.0, "event": "finished", "reason": "exit 0", "final_weights": "/o/lora.safetensors", "attempt": 1})
     (notice,) = story_of(("finished",), *done)
     assert notice.title == "mylora: finished at step 20/20" and notice.level == "success"
-    assert notice.body.splitlines()[:3] == ["final weights: /o/lora.safetensors", "attempts: 1; faults: none; took 60 s",
+    assert notice.body.splitlines()[:3] == ["final weights: /o/lora.safetensors", "attempts: 1; faults: none; took 1m00s",
                                             "step 20/20 · attempt 1"]
 
 
@@ -212,7 +212,7 @@ def test_the_same_fault_is_rate_limited_and_the_next_message_counts_what_was_hel
     alerts.close()
     assert [b["title"] for b in receiver.bodies] == [notice.title] * 2
     assert receiver.bodies[1]["message"].endswith("2 more of the same since the last notification (told at most "
-                                                  "once per 10 min)")
+                                                  "once per 10m00s)")
 
 
 # --- sending: real apprise, a real receiver --------------------------------------------------------

@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 
 from trainsup.faults.remedies import Action
-from trainsup.kohya import tomlio
-from trainsup.kohya.cmdline import TrainerCommand
-from trainsup.kohya.profile import parse_state_name, script_info
-from trainsup.run.plan import LaunchPlan, apply_action
+from trainsup.trainers.cmdline import TrainerCommand
+from trainsup.trainers.kohya import tomlio
+from trainsup.trainers.kohya.plan import LaunchPlan, apply_action
+from trainsup.trainers.kohya.profile import parse_state_name, script_info
 
 
 def test_parse_finds_the_script_behind_launchers() -> None:

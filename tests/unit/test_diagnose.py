@@ -16,7 +16,7 @@ def test_the_first_rung_that_changes_the_command_is_chosen() -> None:
     with_cache = build_plan([*SD, "--cache_latents", "--cache_latents_to_disk"])
     remedy = plan_remedy("device_mismatch", with_cache)
     assert remedy.changes == ["remove --cache_latents", "remove --cache_latents_to_disk"]
-    assert remedy.plan is not None and not remedy.plan.command.has("cache_latents")
+    assert remedy.plan is not None and not remedy.plan.plan.command.has("cache_latents")
     te_only = build_plan([*FLUX, "--cache_text_encoder_outputs"])
     assert plan_remedy("device_mismatch", te_only).changes == ["remove --cache_text_encoder_outputs"]
     neither = plan_remedy("device_mismatch", build_plan(SD))

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from trainsup.commands.doctor import doctor, format_text
-from trainsup.kohya.interpreter import Probe, at_least, parse_version
-from trainsup.kohya.sthead import HeaderError, float8_dtypes, load_header, read_header
 from trainsup.sensors import gpu
+from trainsup.trainers.interpreter import Probe, at_least, parse_version
+from trainsup.trainers.kohya.sthead import HeaderError, float8_dtypes, load_header, read_header
 
 GIB = 1 << 30
 

@@ -102,10 +102,11 @@ def test_the_output_parser_notes_progress_besides_the_steps_bar_and_nothing_else
 
     from trainsup.faults.scanner import FaultScanner
     from trainsup.run.observe import OutputParser
+    from trainsup.trainers.kohya.output import KohyaOutput
 
     now = [0.0]
     events: queue.Queue[tuple[str, object]] = queue.Queue()
-    parser = OutputParser(events, FaultScanner(), clock=lambda: now[0])
+    parser = OutputParser(events, FaultScanner(), clock=lambda: now[0], fmt=KohyaOutput())
 
     def feed(text: str, at: float) -> None:
         now[0] = at
@@ -132,9 +133,10 @@ def test_a_completed_state_ends_the_saving_phase() -> None:
 
     from trainsup.faults.scanner import FaultScanner
     from trainsup.run.observe import OutputParser
+    from trainsup.trainers.kohya.output import KohyaOutput
 
     events: queue.Queue[tuple[str, object]] = queue.Queue()
-    parser = OutputParser(events, FaultScanner(), clock=lambda: 5.0)
+    parser = OutputParser(events, FaultScanner(), clock=lambda: 5.0, fmt=KohyaOutput())
     parser.feed("stdout", b"saving checkpoint: /out/tiny-step00000010.safetensors\n"
                           b"INFO     saving state at step 10\n"
                           b"INFO     Random states saved in /out/tiny-step00000010-state/random_states_0.pkl\n")

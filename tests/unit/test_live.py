@@ -1,4 +1,4 @@
-"""LiveInputs: what an edit of the config, dataset config, prompt or policy file does to the run."""
+"""KohyaInputs: what an edit of the config, dataset config, prompt or policy file does to the run."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 from trainsup.record.journal import Journal
-from trainsup.run.live import LiveInputs
 from trainsup.run.policy import Policy
-from trainsup.run.prepare import prepare
+from trainsup.trainers.kohya.inputs import KohyaInputs
+from trainsup.trainers.kohya.prepare import prepare
 
 
 def setup(tmp_path: Path, script: str = "flux_train_network.py", extra: str = ""):
@@ -18,12 +18,12 @@ def setup(tmp_path: Path, script: str = "flux_train_network.py", extra: str = ""
     prompts.write_text("a cat\n")
     argv = (f"python {script} --config_file {cfg} --output_dir {tmp_path / 'out'} --sample_prompts {prompts} "
             f"--max_train_steps 10 {extra}").split()
-    prepared = prepare(argv, tmp_path, Policy())
+    prepared = prepare(argv, tmp_path, Policy().trainer_settings())
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     journal = Journal(run_dir)
     said: list[str] = []
-    live = LiveInputs(prepared.plan, tmp_path, run_dir, Policy(), None, journal, said.append)
+    live = KohyaInputs(prepared.plan, tmp_path, run_dir, Policy().trainer_settings(), journal, said.append)
     launch = prepared.plan.copy()
     live.before_launch(1, launch)
     return live, launch, cfg, prompts, run_dir, said
@@ -60,9 +60,9 @@ def test_other_config_changes_wait_for_the_next_checkpoint(tmp_path: Path) -> No
     assert applied == [{**applied[0], "path": str(cfg), "attempt": 2}]
 
 
-def live_launch(live: LiveInputs):
-    from trainsup.kohya.cmdline import TrainerCommand
-    from trainsup.run.plan import LaunchPlan
+def live_launch(live: KohyaInputs):
+    from trainsup.trainers.cmdline import TrainerCommand
+    from trainsup.trainers.kohya.plan import LaunchPlan
 
     launch = LaunchPlan(TrainerCommand.parse(["python", "flux_train_network.py"]))
     live.before_launch(2, launch)

@@ -136,5 +136,5 @@ def test_outside_systemd_nothing_is_sent_and_another_pids_watchdog_is_not_ours(t
 def test_the_status_line_tells_the_story() -> None:
     line = status_line({"state": "running", "attempt": 2, "step": 812, "total": 2000, "loss": 0.0831,
                         "rate": 1.9, "last_fault": "cuda_oom"})
-    assert line == "running · attempt 2 · step 812/2000 · loss 0.0831 · 1.9 it/s · ETA 10 min · last fault cuda_oom"
+    assert line == "running · attempt 2 · step 812/2000 · loss 0.0831 · 1.9 it/s · eta 10m25s · last fault cuda_oom"
     assert status_line({"state": "backoff", "attempt": 3, "loss": float("nan")}) == "backoff · attempt 3 · loss nan"

@@ -24,13 +24,13 @@ from typing import TextIO
 
 from ..faults.linetext import strip_ansi
 from ..faults.logscan import LogScan, scan_file, scan_log
-from ..faults.remedies import NOT_RESTARTABLE, Action, Rung, ladder, stop
+from ..faults.remedies import NOT_RESTARTABLE, Action, Rung, stop
+from ..faults.remedies import ladder as builtin_ladder
 from ..faults.rules import BUILTIN_RULES, FaultRule, compose_rules
-from ..kohya import tomlio
-from ..kohya.cmdline import TrainerCommand
-from ..kohya.interpreter import trainer_python, upgrade_command
 from ..run.decide import select_rung, stops_at_once
-from ..run.plan import LaunchPlan, apply_action, rung_applies, upgrade_spec
+from ..trainers.base import Plan, Setup, TrainerRun, rung_applies
+from ..trainers.interpreter import upgrade_command
+from ..trainers.registry import open_run
 
 __all__ = ["Diagnosis", "diagnose_path", "diagnose_scan", "plan_remedy", "run_diagnose"]
 
@@ -64,22 +64,33 @@ class Diagnosis:
 
 
 @dataclass(frozen=True)
+class Known:
+    """A command as its trainer adapter reads it (exactly as given), and the plan to correct."""
+
+    trainer: TrainerRun
+    plan: Plan
+
+    def copy(self) -> Known:
+        return Known(self.trainer, self.plan.copy())
+
+
+@dataclass(frozen=True)
 class Remedy:
     rung: Rung | None
     changes: list[str]
-    plan: LaunchPlan | None  # the corrected plan, when a command was given
+    plan: Known | None  # the corrected plan, when a command was given
     relaunch: bool  # trainsup run would launch again (False: it stops)
 
 
-def _pip(action: Action, plan: LaunchPlan | None, evidence: str | None) -> tuple[str, str]:
+def _pip(action: Action, known: Known | None, evidence: str | None) -> tuple[str, str]:
     """The package spec an upgrade installs, and the pip command in the trainer's interpreter."""
-    spec = upgrade_spec(action, evidence)
-    python = trainer_python(plan.command.launcher) if plan is not None else None
+    spec = known.trainer.upgrade_spec(action, evidence) if known is not None else action.name
+    python = known.trainer.python({}) if known is not None else None
     return spec, " ".join(upgrade_command(python or "<trainer's python>", shlex.quote(spec)))
 
 
-def plan_remedy(fault: str, plan: LaunchPlan | None, evidence: str | None = None,
-                apply_to: LaunchPlan | None = None, allow_upgrade: bool = True,
+def plan_remedy(fault: str, plan: Known | None, evidence: str | None = None,
+                apply_to: Known | None = None, allow_upgrade: bool = True,
                 fatal: frozenset[str] = NOT_RESTARTABLE) -> Remedy:
     """The remedy trainsup run would apply after this fault on a first attempt.
 
@@ -88,12 +99,14 @@ def plan_remedy(fault: str, plan: LaunchPlan | None, evidence: str | None = None
     (the policy's ``environment.allow_upgrade``) an upgrade rung stops, printing the command.
     """
     rung: Rung | None
+    known = plan or apply_to
+    ladder = known.trainer.ladder if known is not None else builtin_ladder
     if fault in fatal:
         rung = ladder(fault)[0] if fault in NOT_RESTARTABLE else stop("its rule says a restart cannot fix it")
     else:
         # Without a command every rung may apply: say what the first one does.
-        chosen = select_rung(fault, 0, (lambda r: rung_applies(plan, r, evidence)) if plan is not None
-                             else (lambda r: r.fits(evidence)))
+        chosen = select_rung(fault, 0, (lambda r: rung_applies(plan.trainer, plan.plan, r, evidence))
+                             if plan is not None else (lambda r: r.fits(evidence)), ladder)
         rung = chosen[1] if chosen is not None else None
     if rung is None:
         return Remedy(None, ["stop: no remedy left that changes this command"], None, False)
@@ -110,7 +123,7 @@ def plan_remedy(fault: str, plan: LaunchPlan | None, evidence: str | None = None
             change = f"upgrade {spec} in the trainer's interpreter: {pip}"
         elif new is not None and action.kind not in ("restart", "stop"):
             try:
-                change = apply_action(new, action)
+                change = new.trainer.apply(new.plan, action, evidence)
             except (ValueError, OSError):
                 change = None
         if plan is None or action.kind in ("upgrade", "restart", "stop"):
@@ -121,23 +134,17 @@ def plan_remedy(fault: str, plan: LaunchPlan | None, evidence: str | None = None
     return Remedy(rung, changes, new if relaunch else None, relaunch)
 
 
-def command_text(plan: LaunchPlan) -> str:
+def command_text(known: Known) -> str:
     """The plan as one shell line: environment assignments, then the argv."""
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(plan.env.items()))
-    return (env + " " if env else "") + shlex.join(plan.command.argv())
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(known.plan.env.items()))
+    return (env + " " if env else "") + shlex.join(known.trainer.command_line(known.plan))
 
 
-def build_plan(argv: list[str]) -> LaunchPlan:
-    """A plan for a command as the user gave it; its --config_file is read when it exists here."""
-    command = TrainerCommand.parse(argv)
-    config = command.get("config_file")
-    if config:
-        path = Path(config).expanduser()
-        try:
-            return LaunchPlan(command, {}, set(), path, tomlio.read_toml(path))
-        except (tomlio.ConfigFileError, OSError):
-            pass  # not on this machine (or broken): only the command line is known
-    return LaunchPlan(command, {}, set())
+def build_plan(argv: list[str]) -> Known:
+    """A plan for a command exactly as the user gave it; files it names are read where they exist
+    here. Raises ``ValueError`` (``UsageError``) for a command no adapter can read."""
+    trainer = open_run(Setup(tuple(argv), Path.cwd(), as_given=True))
+    return Known(trainer, trainer.plan)
 
 
 def _explanation(fault: str, rules: Sequence[FaultRule]) -> str:
@@ -168,11 +175,10 @@ def diagnose_scan(name: str, scan: LogScan, rules: Sequence[FaultRule] = BUILTIN
             plan = build_plan(argv)
         except ValueError as exc:
             diagnosis.notes.append(f"the command line found in the log is not usable: {exc}")
-    config = plan.command.get("config_file") if plan is not None else None
-    if plan is not None and config and plan.user_config is None:
-        # Flags set in a config file that is not on this machine are unknown: say what the
-        # first rung does instead of judging it inapplicable.
-        diagnosis.notes.append(f"--config_file {config} is not readable here: flags set in it are unknown")
+    if plan is not None and plan.trainer.settings_unknown:
+        # Settings in a file that is not on this machine are unknown: say what the first rung
+        # does instead of judging it inapplicable.
+        diagnosis.notes.extend(plan.trainer.notes)
         remedy = plan_remedy(diagnosis.fault, None, diagnosis.evidence, plan, allow_upgrade, stops_at_once(rules))
     else:
         remedy = plan_remedy(diagnosis.fault, plan, diagnosis.evidence, allow_upgrade=allow_upgrade,
@@ -182,9 +188,7 @@ def diagnose_scan(name: str, scan: LogScan, rules: Sequence[FaultRule] = BUILTIN
         diagnosis.command = command_text(remedy.plan)
         diagnosis.command_changed = diagnosis.command != command_text(plan)
         diagnosis.command_source = source
-        for key in sorted(remedy.plan.config_overlay_removed):
-            diagnosis.notes.append(f"--{key} is set in {remedy.plan.user_config}: remove it there too "
-                                   "(trainsup run writes a derived copy instead)")
+        diagnosis.notes.extend(remedy.plan.trainer.plan_notes(remedy.plan.plan))
     elif plan is None:
         diagnosis.notes.append("no command line found in the log; give it with --command to get it corrected")
     return diagnosis
@@ -234,7 +238,7 @@ def run_diagnose(paths: Sequence[str], *, as_json: bool, command: str | None, po
     if command is not None:
         try:
             argv = shlex.split(command)
-            TrainerCommand.parse(argv)
+            build_plan(argv)
         except ValueError as exc:
             print(f"trainsup diagnose: error: --command: {exc}", file=err)
             return EXIT_UNREADABLE

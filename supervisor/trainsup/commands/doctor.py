@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from ..kohya.cmdline import TrainerCommand, find_script
-from ..kohya.interpreter import Probe, at_least, probe_versions, trainer_python, upgrade_command
-from ..kohya.sthead import float8_dtypes
 from ..sensors import gpu
 from ..sensors.gpuwatch import visible_devices
+from ..trainers.cmdline import TrainerCommand, find_script
+from ..trainers.interpreter import Probe, at_least, probe_versions, trainer_python, upgrade_command
+from ..trainers.kohya.sthead import float8_dtypes
 from .doctor_checks import CommandView, Finding, check_command, load_view
 
 __all__ = ["Report", "doctor", "format_text", "run_doctor"]

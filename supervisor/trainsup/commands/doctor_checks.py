@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..kohya import tomlio
-from ..kohya.cmdline import TrainerCommand, find_script
-from ..kohya.profile import ScriptInfo, script_info
-from ..kohya.states import check_state
-from ..kohya.sthead import Header, HeaderError, float8_dtypes, load_header
+from ..trainers.cmdline import TrainerCommand, find_script
+from ..trainers.kohya import tomlio
+from ..trainers.kohya.profile import ScriptInfo, script_info
+from ..trainers.kohya.states import check_state
+from ..trainers.kohya.sthead import Header, HeaderError, float8_dtypes, load_header
 
 __all__ = ["CommandView", "Finding", "check_command", "load_view"]
 

@@ -24,7 +24,7 @@ scripts do not echo their argv, but what launched them often does: GUIs and wrap
 launch ...`` or ``python ... train_network.py ...`` line itself, and accelerate's
 ``CalledProcessError`` names the child's argv as a Python list.  The first explicit line wins; the
 launcher's list (which lacks ``accelerate launch``) is the fallback.  A candidate counts only when
-``cmdline.TrainerCommand`` finds a training script in it.
+it runs a training script (a ``*.py`` or ``-m`` module whose name holds ``train``).
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import BinaryIO
 
-from ..kohya.cmdline import TrainerCommand, find_script
 from . import matchers
 from .linetext import clean_line
 from .rules import BUILTIN_RULES, FaultRule
@@ -82,12 +81,10 @@ def _argv(text: str) -> list[str] | None:
 
 
 def _is_trainer(argv: list[str]) -> bool:
-    try:
-        command = TrainerCommand.parse(argv)
-        token = command.launcher[find_script(command.launcher)]
-    except ValueError:
-        return False
-    return "train" in os.path.basename(token.replace("\\", "/")).lower()
+    """Whether the command runs a training script: a ``*.py`` or ``-m`` module named ``*train*``."""
+    scripts = [argv[i + 1] for i, t in enumerate(argv[:-1]) if t == "-m"]
+    scripts += [t for t in argv if t.endswith(".py") and not t.startswith("-")]
+    return any("train" in os.path.basename(t.replace("\\", "/")).lower() for t in scripts)
 
 
 def command_from_line(text: str) -> tuple[int, list[str]] | None:

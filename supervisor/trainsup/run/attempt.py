@@ -21,6 +21,7 @@ from ..faults.scanner import Evidence, ExitInfo, FaultScanner, classify_exit
 from ..record.journal import Journal
 from ..sensors import stacks
 from ..sensors.hang import HangClock, HangPolicy
+from ..trainers.base import OutputFormat
 from . import process
 from .observe import Observations, OutputParser
 from .pump import AttemptLog, Pump
@@ -56,9 +57,10 @@ class AttemptHooks:
 def run_attempt(argv: list[str], env: dict[str, str], cwd: Path, log_path: Path, scanner: FaultScanner,
                 events: queue.Queue[tuple[str, Any]], hooks: AttemptHooks, grace_s: float,
                 pump_wait_s: float, echo: bool, spawn: Callable[..., process.Child] = process.spawn,
-                clock: Callable[[], float] = time.monotonic, hang: HangPolicy | None = None) -> AttemptResult:
+                clock: Callable[[], float] = time.monotonic, hang: HangPolicy | None = None,
+                fmt: OutputFormat | None = None) -> AttemptResult:
     log = AttemptLog(log_path)
-    parser = OutputParser(events, scanner, clock)
+    parser = OutputParser(events, scanner, clock, fmt)
     child = spawn(argv, env, cwd)
     assert child.popen.stdout is not None and child.popen.stderr is not None
     pumps = [Pump("stdout", child.popen.stdout, log, 1 if echo else None, parser),

@@ -11,7 +11,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..faults.remedies import NOT_RESTARTABLE, WAIT_FOREIGN, Rung, ladder
+from ..faults.remedies import NOT_RESTARTABLE, WAIT_FOREIGN, Rung
+from ..faults.remedies import ladder as builtin_ladder
 from ..faults.rules import FaultRule
 from ..sensors.hang import hang_spot
 from .policy import Policy
@@ -60,15 +61,28 @@ class Decision:
     rung_index: int | None = None
     delay_s: float = 0.0
     quick: bool = False  # the attempt died before training a step, fast, on a plain restart
+    skipped: tuple[tuple[int, Rung], ...] = ()  # rungs passed over: they mean nothing for this command
 
 
-def select_rung(fault: str, start: int, applicable: Callable[[Rung], bool]) -> tuple[int, Rung] | None:
+Ladder = Callable[[str], tuple[Rung, ...]]
+
+
+def select_rung(fault: str, start: int, applicable: Callable[[Rung], bool],
+                ladder: Ladder = builtin_ladder) -> tuple[int, Rung] | None:
     """The ladder rung to apply: from ``start``, skipping rungs that would change nothing here."""
+    chosen, _skipped = _select(fault, start, applicable, ladder)
+    return chosen
+
+
+def _select(fault: str, start: int, applicable: Callable[[Rung], bool],
+            ladder: Ladder) -> tuple[tuple[int, Rung] | None, tuple[tuple[int, Rung], ...]]:
     rungs = ladder(fault)
     index = start
+    skipped: list[tuple[int, Rung]] = []
     while index < len(rungs) and not rungs[index].repeat and not applicable(rungs[index]):
+        skipped.append((index, rungs[index]))
         index += 1
-    return (index, rungs[index]) if index < len(rungs) else None
+    return ((index, rungs[index]) if index < len(rungs) else None), tuple(skipped)
 
 
 def stops_at_once(rules: Iterable[FaultRule]) -> frozenset[str]:
@@ -77,14 +91,15 @@ def stops_at_once(rules: Iterable[FaultRule]) -> frozenset[str]:
 
 
 def decide(history: History, outcome: Outcome, policy: Policy, now: float,
-           applicable: Callable[[Rung], bool], fatal: frozenset[str] = NOT_RESTARTABLE) -> Decision:
+           applicable: Callable[[Rung], bool], fatal: frozenset[str] = NOT_RESTARTABLE,
+           ladder: Ladder = builtin_ladder) -> Decision:
     if outcome.stop_signal is not None:
         return Decision("signal", 128 + outcome.stop_signal, f"stopped by {signal.Signals(outcome.stop_signal).name}")
     if outcome.fault is None:
         return Decision("finish", 0, "training finished")
     fault = outcome.fault
     if fault in fatal:
-        reason = _stop_reason(fault, ladder(fault)[0]) if fault in NOT_RESTARTABLE else \
+        reason = _stop_reason(fault, ladder(fault)[0]) if fault in NOT_RESTARTABLE and ladder(fault) else \
             f"{fault}: its rule says a restart cannot fix it"
         return Decision("stop", EXIT_STOPPED, reason)
 
@@ -102,13 +117,15 @@ def decide(history: History, outcome: Outcome, policy: Policy, now: float,
     if fault == "cuda_oom" and outcome.foreign_mib >= policy.gpu.foreign_warn_mib and not history.waited_foreign:
         # Out of memory while other programs held some of it: not this command's fault, maybe.
         index, rung = history.next_rung.get(fault, 0), WAIT_FOREIGN
+        skipped: tuple[tuple[int, Rung], ...] = ()
     else:
-        chosen = select_rung(fault, history.next_rung.get(fault, 0), applicable)
+        chosen, skipped = _select(fault, history.next_rung.get(fault, 0), applicable, ladder)
         if chosen is None:
-            return Decision("stop", EXIT_STOPPED, f"{fault}: no remedy left that changes this command")
+            return Decision("stop", EXIT_STOPPED, f"{fault}: no remedy left that changes this command",
+                            skipped=skipped)
         index, rung = chosen
     if any(a.kind == "stop" for a in rung.actions):
-        return Decision("stop", EXIT_STOPPED, _stop_reason(fault, rung), rung, index)
+        return Decision("stop", EXIT_STOPPED, _stop_reason(fault, rung), rung, index, skipped=skipped)
 
     quick = outcome.uptime_s < policy.min_uptime_s and outcome.steps_trained == 0
     if quick and rung.repeat and history.quick_exits + 1 >= policy.max_quick_exits:
@@ -117,7 +134,8 @@ def decide(history: History, outcome: Outcome, policy: Policy, now: float,
                         f"(under {policy.min_uptime_s:g} s, no step trained); last fault {fault}")
     failures = 0 if outcome.saved_new_state else history.failures_since_state
     delay = min(policy.backoff_max_s, policy.backoff_initial_s * policy.backoff_factor ** failures)
-    return Decision("restart", None, f"{fault}: {rung.describe()}", rung, index, delay, quick and rung.repeat)
+    return Decision("restart", None, f"{fault}: {rung.describe()}", rung, index, delay, quick and rung.repeat,
+                    skipped)
 
 
 def record(history: History, outcome: Outcome, decision: Decision, now: float) -> None:

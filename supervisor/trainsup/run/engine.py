@@ -1,10 +1,8 @@
 """Owns the supervise loop: attempts, decisions, remedies, resume points, and the run's end.
 
-One event queue and one decision loop; threads only produce events. An attempt that resumes, or
-that starts over after an earlier attempt of this run wrote files, writes under its own
-``--output_name`` (``NAME-trainsupN``): kohya labels post-resume saves with wrong step numbers and
-would otherwise overwrite earlier states and weights. The ledger maps every state to its absolute
-step; the final weights are published where the user's command puts them.
+One event queue and one decision loop; threads only produce events. What the trainer is (its
+command, states, output lines, inputs and remedy ladders) the engine asks of the trainer adapter
+chosen for the command (``trainers.registry``), through the contract in ``trainers.base`` only.
 """
 from __future__ import annotations
 
@@ -22,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..faults.matchers import Progress
-from ..faults.rules import compose_rules
+from ..faults.rules import BUILTIN_RULES, compose_rules
 from ..faults.scanner import Evidence, FaultScanner
 from ..record.journal import Journal, JournalListener
 from ..record.ledger import Ledger, StateRecord
@@ -30,18 +28,17 @@ from ..record.runlock import INHERITED_FD, LockHeld, RunLock
 from ..sensors import gpu
 from ..sensors.hang import HangClock
 from ..sensors.watch import FileWatcher
+from ..trainers.base import Plan, Setup, UsageError, rung_applies
+from ..trainers.registry import open_run
 from . import process
 from .attempt import AttemptHooks, AttemptResult, run_attempt, take_hang_stacks
 from .decide import EXIT_STOPPED, Decision, History, Outcome, decide, record, stops_at_once
 from .gpuguard import GpuGuard
-from .live import LiveInputs
+from .live import LiveControl
 from .observe import Observations
-from .plan import LaunchPlan, rung_applies
 from .policy import Policy
-from .prepare import UsageError, default_run_dir, prepare
 from .project import Project
 from .remedy import Remedier
-from .resume_points import ResumePoints
 from .runstate import RunState, check_transition
 from .sdnotify import Notifier, status_line
 from .takeover import forget_trainer, record_trainer, take_over
@@ -60,6 +57,7 @@ class RunSpec:
     echo: bool = True  # pass the child's output through to our stdout/stderr
     policy_path: Path | None = None  # watched: an edit of the policy applies to the running supervisor
     project: Project | None = None  # run from a project file (policy_path is that file)
+    trainer: str | Mapping[str, Any] | None = None  # the adapter to use (a name, or a declarative section)
 
 
 class Supervisor:
@@ -82,6 +80,11 @@ class Supervisor:
         self.rules = compose_rules(policy.rules)  # user rules first; an extended built-in replaced in place
         self._live = {r.id for r in self.rules if r.live}
 
+    def _compose_rules(self) -> None:
+        """The policy's rules first, then the trainer's own, then the built-in table."""
+        self.rules = compose_rules(self.policy.rules, self.trainer.rules() + BUILTIN_RULES)
+        self._live = {r.id for r in self.rules if r.live}
+
     # --- signals: handlers only record -----------------------------------------------------------
     def request_stop(self, signum: int) -> None:
         self.stop_signal = signum
@@ -90,12 +93,16 @@ class Supervisor:
     # --- the run ---------------------------------------------------------------------------------
     def run(self) -> int:
         try:
-            self.prepared = prepare(list(self.spec.argv), self.spec.cwd, self.policy)
+            trainer = self.spec.trainer if self.spec.trainer is not None else \
+                (self.spec.project.trainer if self.spec.project else None)
+            self.trainer = open_run(Setup(tuple(self.spec.argv), self.spec.cwd, self.policy.trainer_settings()),
+                                    trainer)
         except UsageError as exc:
             self.say(f"error: {exc}")
             return 2
-        p = self.prepared
-        self.run_dir = (self.spec.run_dir or default_run_dir(p, self.spec.cwd)).resolve()
+        t = self.trainer
+        self._compose_rules()
+        self.run_dir = (self.spec.run_dir or t.default_run_dir(self.spec.cwd)).resolve()
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self._lock = RunLock(self.run_dir)
@@ -113,30 +120,28 @@ class Supervisor:
         self.ledger = Ledger.load(self.run_dir / "ledger.json")
         self.history = History()
         self.nan_abs_step: int | None = None
-        self.points = ResumePoints(self.ledger, p.output_dir or self.spec.cwd,
-                                   p.plan.value("mixed_precision") == "fp16", self.journal, self.say)
+        t.bind(self.run_dir, self.ledger, self.journal, self.say)
+        self.points = t.states
         self.points.continue_ledger()
         first = 1 + sum(1 for _ in self.run_dir.glob("attempt-*.log"))
-        project = self.spec.project.name if self.spec.project else p.output_name or self.run_dir.name
+        project = self.spec.project.name if self.spec.project else t.label or self.run_dir.name
         self.journal.event("run_start", argv=list(self.spec.argv), run_dir=str(self.run_dir),
-                           policy=self.policy.source, project=project)
-        for note in p.notes:
+                           policy=self.policy.source, project=project, trainer=t.family)
+        for note in t.notes:
             self.say(note)
             self.journal.event("plan_adjusted", note=note)
         # The baseline of GPU memory is taken now, before anything of this run is launched.
         self.gpu = GpuGuard(self.gpu_probe(), self.spec.env.get("CUDA_VISIBLE_DEVICES"), self.policy.gpu,
                             self.journal, self.say, self.clock, self._backoff)
-        self.remedier = Remedier(self.journal, self.say, self.spec.env, self.run_dir)
+        self.remedier = Remedier(self.journal, self.say, self.spec.env, self.run_dir, t)
         self.wait_foreign = False  # an OOM while other programs held memory: wait for them first
-        if p.user_resume is not None:
-            problem = self.points.adopt(p.user_resume)
+        if t.user_resume is not None:
+            problem = self.points.adopt(t.user_resume)
             if problem:
-                return self._end(Decision("stop", EXIT_STOPPED, f"config_error: --resume {p.user_resume} "
+                return self._end(Decision("stop", EXIT_STOPPED, f"config_error: --resume {t.user_resume} "
                                           f"is not a complete state: {problem}"))
-        self.plan = p.plan
-        self.live = LiveInputs(self.plan, self.spec.cwd, self.run_dir, self.policy, self.spec.policy_path,
-                               self.journal, self.say, self.spec.project)
-        self.plan.user_dataset, self.plan.dataset_doc = self.live.dataset_src, self.live.dataset_doc
+        self.plan = t.plan
+        self.live = LiveControl(t, self.policy, self.spec.policy_path, self.journal, self.say, self.spec.project)
         self.stop_at_checkpoint = False
         self.hangs = len(list(self.run_dir.glob("hang-*.txt")))  # numbers the hang-N.txt stack reports
         self.watcher = FileWatcher(lambda path, kind: self.events.put(("file_changed", (path, kind))),
@@ -147,7 +152,7 @@ class Supervisor:
         while True:
             if self.stop_signal is not None:  # asked to stop between two attempts
                 return self._end(self._stopped_by_signal())
-            resume = self.points.newest(self.nan_abs_step, self.prepared.max_train_steps)
+            resume = self.points.newest(self.nan_abs_step, t.total_steps)
             result, launch = self._launch(attempt, self.plan, resume)
             if result is None:
                 return self._end(launch)  # could not start at all
@@ -161,9 +166,13 @@ class Supervisor:
                 attempt += 1
                 continue
             decision = decide(self.history, outcome, self.policy, self.clock(),
-                              functools.partial(rung_applies, self.plan, evidence=outcome.evidence),
-                              stops_at_once(self.rules))
+                              functools.partial(rung_applies, t, self.plan, evidence=outcome.evidence),
+                              stops_at_once(self.rules), t.ladder)
             record(self.history, outcome, decision, self.clock())
+            for index, rung in decision.skipped:
+                self.journal.event("remedy_skipped", **{"class": outcome.fault}, rung=index,
+                                   actions=rung.describe(), trainer=t.family,
+                                   reason="means nothing for this command")
             if decision.kind != "restart":
                 return self._end(decision, attempt)
             self._transition(RunState.REMEDYING)
@@ -178,38 +187,23 @@ class Supervisor:
             attempt += 1
 
     # --- one launch ------------------------------------------------------------------------------
-    def _launch(self, attempt: int, plan: LaunchPlan,
+    def _launch(self, attempt: int, plan: Plan,
                 resume: StateRecord | None) -> tuple[AttemptResult | None, Decision]:
-        p = self.prepared
+        t = self.trainer
         wait_foreign, self.wait_foreign = self.wait_foreign, False
         if self.gpu.before_launch(attempt, wait_foreign=wait_foreign):
             return None, self._stopped_by_signal()
         launch = plan.copy()
-        cmd = launch.command
-        # The user's own output name is safe only for a fresh start that nothing of this run has
-        # written under yet; a resumed attempt's labels are wrong and would overwrite earlier files.
-        own_name = resume is None and p.user_resume is None and not self.points.wrote_under(p.output_name)
-        output_name = p.output_name if own_name else f"{p.output_name or 'last'}-trainsup{attempt}"
-        if output_name is not None and not own_name:
-            cmd.set("output_name", output_name)
-        if resume is not None:
-            cmd.set("resume", resume.dir)
-            cmd.set("skip_until_initial_step")
-            cmd.set("initial_step", str(resume.step))
-        else:
-            cmd.remove("resume")
-            cmd.remove("initial_step")
         try:
-            self.live.before_launch(attempt, launch)
-            launch.write_derived_configs(self.run_dir, attempt)
+            self.live.before_launch(attempt)
+            argv = t.launch(launch, attempt, resume, self.run_dir)
         except OSError as exc:
             # Never launch without the frozen copies; nothing of the user's has been touched.
             fault = "disk_full" if exc.errno == errno.ENOSPC else "config_error"
             return None, Decision("stop", EXIT_STOPPED, f"{fault}: cannot write this launch's files in "
                                   f"{self.run_dir}: {exc.strerror or exc}")
         resume_step = resume.step if resume else 0
-        self.points.begin(attempt, output_name, resume_step)
-        argv, self.attempt_no, self.resume_step = cmd.argv(), attempt, resume_step
+        self.attempt_no, self.resume_step = attempt, resume_step
         env = {k: v for k, v in {**CHILD_ENV_DEFAULTS, **self.spec.env, **launch.env}.items()  # the user's win
                if k not in SUPERVISOR_ONLY_ENV}
         self.journal.event("attempt_start", attempt=attempt, argv=argv,
@@ -218,7 +212,7 @@ class Supervisor:
         self.say(f"state=starting attempt={attempt} resume_from={resume.dir if resume else None} "
                  f"step={resume_step}")
         self._status(state="running", attempt=attempt, step=resume_step,
-                            total=p.max_train_steps, run_dir=str(self.run_dir))
+                     total=t.total_steps, run_dir=str(self.run_dir))
         self._transition(RunState.RUNNING)
         hooks = AttemptHooks(self._on_state_done, self._on_progress, self._on_evidence, self._on_summary,
                              self._on_file_changed,
@@ -228,7 +222,8 @@ class Supervisor:
         try:
             result = run_attempt(argv, env, self.spec.cwd, self.run_dir / f"attempt-{attempt}.log",
                                  FaultScanner(self.rules), self.events, hooks, self.policy.stop_grace_s,
-                                 self.policy.pump_wait_s, self.spec.echo, self._spawn, self.clock, self.policy.hang)
+                                 self.policy.pump_wait_s, self.spec.echo, self._spawn, self.clock, self.policy.hang,
+                                 t.output)
         except process.LaunchError as exc:
             self._transition(RunState.STOPPING)
             return None, Decision("stop", EXIT_STOPPED, f"config_error: {exc}")
@@ -279,8 +274,8 @@ class Supervisor:
             return  # a snapshot a few times a second is plenty; the bar may redraw far more often
         self._status_written = now
         loss = None if progress.loss is None or math.isnan(progress.loss) else progress.loss
-        self._status(step=self.resume_step + progress.step, total=self.prepared.max_train_steps,
-                            loss=loss, rate=progress.rate)
+        self._status(step=self.resume_step + progress.step, total=self.trainer.total_steps or progress.total,
+                     loss=loss, rate=progress.rate)
 
     def _on_evidence(self, evidence: Evidence) -> None:
         if evidence.fault in self._live:
@@ -294,14 +289,12 @@ class Supervisor:
                                 self.journal, self.say, self.attempt_no, obs)
 
     def _on_summary(self, obs: Observations) -> None:
-        """The trainer's start-up summary: fix this attempt's step offset, warn of kohya's overshoot."""
+        """The trainer's start-up summary: the adapter fixes this attempt's step offset, and may warn."""
         record_trainer(self.run_dir, self.child_pid, self.attempt_no)  # the training child exists by now
-        extra = self.points.summary(obs, self.prepared.max_train_steps)
-        if extra:
-            self.journal.event("warning", attempt=self.attempt_no, extra_steps=extra,
-                               message="kohya will train past --max_train_steps after this resume")
-            self.say(f"warning: kohya will train {extra} steps past --max_train_steps after this resume "
-                     "(its epochs are not whole); choose max_train_steps as a multiple of the steps per epoch")
+        notice = self.trainer.on_summary(obs.batches_per_epoch, obs.grad_accum)
+        if notice is not None:
+            self.journal.event("warning", attempt=self.attempt_no, **notice.fields, message=notice.message)
+            self.say(notice.console)
 
     def _on_state_done(self, path: str | None, obs: Observations) -> None:
         only = self.spec.cwd / path if path and (self.spec.cwd / path).is_dir() else None  # None: look at all
@@ -313,14 +306,11 @@ class Supervisor:
             self.events.put(("stop_for_change", None))
 
     def _on_file_changed(self, change: tuple[Path, str]) -> None:
-        action = self.live.on_change(*change)
-        # remedies read the accepted configs
-        self.plan.config_doc, self.plan.dataset_doc = self.live.config_doc, self.live.dataset_doc
+        action = self.live.on_change(*change, self.plan)  # the adapter updates the plan remedies read
         if action in ("policy", "command"):
             self.policy = self.live.policy
             self.gpu.policy = self.policy.gpu
-            self.rules = compose_rules(self.policy.rules)
-            self._live = {r.id for r in self.rules if r.live}
+            self._compose_rules()
         if action == "now":
             self.events.put(("stop_for_change", None))
         self.stop_at_checkpoint = self.stop_at_checkpoint or action in ("at_checkpoint", "command")
@@ -358,7 +348,7 @@ class Supervisor:
     def _end(self, decision: Decision, attempt: int | None = None) -> int:
         code = decision.exit_code if decision.exit_code is not None else EXIT_STOPPED
         if decision.kind == "finish":
-            final = self.points.publish_final(self.prepared.output_name)
+            final = self.points.publish_final()
             self.journal.event("finished", reason=decision.reason, final_weights=final, attempt=attempt)
             self.state = RunState.FINISHED
             self.say(f"state=finished final_weights={final}")

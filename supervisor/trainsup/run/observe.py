@@ -13,7 +13,6 @@ and posts the start of those phases; it never decides anything about hangs itsel
 from __future__ import annotations
 
 import queue
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -24,16 +23,9 @@ from ..faults import matchers
 from ..faults.linetext import clean_line
 from ..faults.scanner import FaultScanner
 from ..faults.splitter import LineSplitter
+from ..trainers.base import OutputFormat
 
 MAX_LINES_PER_CHUNK = 2000
-
-# A cheap gate: only lines holding one of these reach a matcher.
-_BOOKKEEPING = re.compile("Random states saved|saving state at step|model saved\\.|resume training from|"
-                          "num batches per epoch|gradient accumulation steps|generating sample images|"
-                          "saving checkpoint: ")
-# Phases that print lines (and bars of their own) but move no step: each line of theirs is progress.
-_PHASE_STARTS = (("generating sample images", "sampling"), ("saving checkpoint: ", "saving"),
-                 ("saving state at step", "saving"))
 
 
 @dataclass
@@ -54,8 +46,9 @@ class OutputParser:
     """Thread-safe: both pump threads call ``feed``; the loop reads ``obs`` after the child ended."""
 
     def __init__(self, events: queue.Queue[tuple[str, Any]], scanner: FaultScanner,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, fmt: OutputFormat | None = None) -> None:
         self.events = events
+        self.fmt = fmt or OutputFormat()  # what the trainer's lines mean (the adapter's)
         self.scanner = scanner
         self.obs = Observations()
         self.clock = clock
@@ -85,61 +78,67 @@ class OutputParser:
         self.events.put(("eof", stream))
 
     def _lines(self, lines: list[str]) -> None:
-        newest_bar = None
+        fmt = self.fmt
+        hint, gate = fmt.progress_hint, fmt.bookkeeping
+        bars: list[str] = []
         active = False
         for line in lines:
             self.obs.lines += 1
-            if self._phase is not None or ("%|" in line and "steps:" not in line):
+            is_bar = hint is not None and hint in line
+            if fmt.any_line_is_activity or self._phase is not None or ("%|" in line and not is_bar):
                 active = True  # a caching, loading or sampling bar, or a line of a phase at work
-            if "steps:" in line:
-                newest_bar = line
-                if line.endswith("]") and "nan" not in line:
-                    # A plain bar redraw carries no fault evidence; only the newest is parsed. The
+            if is_bar:
+                bars.append(line)
+                if fmt.is_plain_redraw(line):
+                    # A plain redraw carries no fault evidence; only the newest is parsed. The
                     # scanner still hears of it: evidence that training outlived did not end the run.
                     self.scanner.note_bar(line)
                     continue
-            elif _BOOKKEEPING.search(line):
+            if gate is not None and gate.search(line):
                 self._bookkeeping(clean_line(line))
             evidence = self.scanner.feed(line, self.obs.lines)
             if evidence is not None:
                 self.events.put(("evidence", evidence))
-        if newest_bar is not None:
-            progress = matchers.parse_progress(newest_bar)
-            if progress is not None:
-                self.obs.progress = progress
-                self.events.put(("progress", progress))
-                if self._phase is not None and progress.step > self._phase_step:
-                    self._phase = None  # back to training
+        for bar in reversed(bars):  # the newest line that parses
+            progress = fmt.progress(bar)
+            if progress is None:
+                continue
+            self.obs.progress = progress
+            self.events.put(("progress", progress))
+            if self._phase is not None and progress.step > self._phase_step:
+                self._phase = None  # back to training
+            break
         if active:
             self.activity_at = self.clock()
 
     def _bookkeeping(self, line: str) -> None:
         obs = self.obs
-        for marker, phase in _PHASE_STARTS:
+        fmt = self.fmt
+        for marker, phase in fmt.phase_starts:
             if marker in line:
                 self._phase = phase
                 self._phase_step = obs.progress.step if obs.progress is not None else 0
                 self.events.put(("phase", (phase, line)))
                 break
-        state_dir = matchers.state_completed(line)
+        state_dir = fmt.state_completed(line)
         if state_dir is not None:
             self.events.put(("state_done", state_dir or None))
             if self._phase == "saving":  # the state's last file: the save is over, training resumes
                 self._phase = None
                 self.events.put(("phase", ("training", line)))
             return
-        label = matchers.state_started(line)
+        label = fmt.state_started(line)
         if label is not None:
             obs.saving_state_label = label
             return
-        if matchers.is_success(line):
+        if fmt.is_success(line):
             obs.success_seen = True
             return
-        n = matchers.batches_per_epoch(line)
+        n = fmt.batches_per_epoch(line)
         if n is not None:
             obs.batches_per_epoch = n
             return
-        n = matchers.grad_accum_steps(line)
+        n = fmt.grad_accum(line)
         if n is not None:
             obs.grad_accum = n
             self.events.put(("summary", None))  # the start-up summary is complete

@@ -20,6 +20,7 @@ import yaml
 
 from ..sensors.gpuwatch import GpuPolicy
 from ..sensors.hang import HangPolicy
+from ..trainers.base import Settings
 
 
 class PolicyError(ValueError):
@@ -83,6 +84,10 @@ class Policy:
     notify: NotifyPolicy = field(default_factory=NotifyPolicy)  # notifications (see service.alerts)
     metrics: MetricsPolicy = field(default_factory=MetricsPolicy)  # Prometheus (see service.metrics)
     source: str = "<defaults>"
+
+    def trainer_settings(self) -> Settings:
+        """The keys a trainer session reads."""
+        return Settings(self.save_every_n_steps, self.snapshot_prompts, self.on_prompt_change)
 
 
 def _int(minimum: int) -> Callable[[Any], int]:

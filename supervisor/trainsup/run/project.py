@@ -9,6 +9,10 @@ and from ``cwd`` (``run_dir``).
 The projects directory is ``$TRAINSUP_PROJECTS``, else ``/etc/trainsup/projects`` for root and
 ``$XDG_CONFIG_HOME/trainsup/projects`` (``~/.config/trainsup/projects``) for anyone else; the
 project ``NAME`` is the file ``NAME.yaml`` (or ``NAME.yml``) there.
+
+``trainer:`` names the adapter that runs the command (``kohya``, ``litgpt``, ``command``, ...) when
+recognising it is not enough, or is a mapping that describes the trainer's states and lines for the
+declarative adapter (checked by that adapter when the run starts).
 """
 
 from __future__ import annotations
@@ -22,10 +26,11 @@ from typing import Any
 
 import yaml
 
+from ..trainers.base import Setup, UsageError
+from ..trainers.registry import open_run
 from .policy import Policy, PolicyError, parse_policy
-from .prepare import UsageError, default_run_dir, prepare
 
-PROJECT_KEYS = frozenset({"command", "cwd", "env", "gpus", "run_dir", "description"})
+PROJECT_KEYS = frozenset({"command", "cwd", "env", "gpus", "run_dir", "description", "trainer"})
 SUFFIXES = (".yaml", ".yml")
 
 
@@ -43,6 +48,7 @@ class Project:
     run_dir: Path | None = None
     description: str | None = None
     policy: Policy = field(default_factory=Policy)
+    trainer: str | Mapping[str, Any] | None = None  # an adapter's name, or a declarative section
 
     def child_env(self, base: Mapping[str, str]) -> dict[str, str]:
         return {**base, **self.env}
@@ -52,7 +58,8 @@ class Project:
         if self.run_dir is not None:
             return self.run_dir
         try:
-            return default_run_dir(prepare(list(self.command), self.cwd, self.policy), self.cwd).resolve()
+            setup = Setup(self.command, self.cwd, self.policy.trainer_settings())
+            return open_run(setup, self.trainer).default_run_dir(self.cwd).resolve()
         except (UsageError, OSError):
             return (self.cwd / ".trainsup").resolve()
 
@@ -128,7 +135,7 @@ def parse_project(text: str, path: Path) -> Project:
         env["CUDA_VISIBLE_DEVICES"] = values["gpus"]
     run_dir = (cwd / values["run_dir"]).resolve() if "run_dir" in values else None
     return Project(project_name(path), path.resolve(), values["command"], cwd, env, run_dir,
-                   values.get("description"), policy)
+                   values.get("description"), policy, values.get("trainer"))
 
 
 def _command(v: Any) -> tuple[str, ...]:
@@ -165,6 +172,14 @@ def _env(v: Any) -> dict[str, str]:
     return out
 
 
+def _trainer(v: Any) -> str | dict[str, Any]:
+    if isinstance(v, str) and v:
+        return v
+    if isinstance(v, dict) and all(isinstance(k, str) for k in v):
+        return v
+    raise TypeError("an adapter's name (kohya, litgpt, command, ...) or a mapping for the declarative adapter")
+
+
 def _gpus(v: Any) -> str:
     items = v if isinstance(v, list) else [v]
     if not items or any(isinstance(i, bool) or not isinstance(i, (str, int)) or str(i).strip() == ""
@@ -174,4 +189,4 @@ def _gpus(v: Any) -> str:
 
 
 _CONVERT = {"command": _command, "cwd": _text, "env": _env, "gpus": _gpus, "run_dir": _text,
-            "description": _text}
+            "description": _text, "trainer": _trainer}

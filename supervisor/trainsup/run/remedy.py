@@ -12,16 +12,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..kohya.interpreter import run_upgrade, trainer_python, upgrade_command
 from ..record.journal import Journal
+from ..trainers.base import Plan, TrainerRun
+from ..trainers.interpreter import run_upgrade, upgrade_command
 from .decide import EXIT_STOPPED, Decision, Outcome
-from .plan import LaunchPlan, apply_action, upgrade_spec
 from .policy import Policy
 
 
 @dataclass(frozen=True)
 class Remedied:
-    plan: LaunchPlan
+    plan: Plan
     stop: Decision | None = None  # the rung could not be carried out
     wait_foreign: bool = False  # the next launch waits for other programs to free GPU memory
 
@@ -32,8 +32,9 @@ class Remedier:
     say: Callable[[str], None]
     env: Mapping[str, str]  # the trainer's environment: which Python runs it
     run_dir: Path
+    trainer: TrainerRun  # what the rung's actions mean for this trainer
 
-    def apply(self, plan: LaunchPlan, decision: Decision, outcome: Outcome, policy: Policy,
+    def apply(self, plan: Plan, decision: Decision, outcome: Outcome, policy: Policy,
               attempt: int) -> Remedied:
         assert decision.rung is not None
         new = plan.copy()
@@ -41,14 +42,14 @@ class Remedier:
         wait_foreign = False
         for action in decision.rung.actions:
             if action.kind == "upgrade":
-                spec = upgrade_spec(action, outcome.evidence)
+                spec = self.trainer.upgrade_spec(action, outcome.evidence)
                 stop = self._upgrade(new, spec, policy, attempt)
                 if stop is not None:
                     return Remedied(plan, stop)
                 done.append(f"upgraded {spec}")
                 continue
             wait_foreign = wait_foreign or action.kind == "wait_foreign"
-            change = apply_action(new, action)
+            change = self.trainer.apply(new, action, outcome.evidence)
             if change is not None:
                 done.append(change)
         self.journal.event("remedy", **{"class": outcome.fault}, rung=decision.rung_index, actions=done,
@@ -57,8 +58,8 @@ class Remedier:
                  f"backoff={decision.delay_s:g}s")
         return Remedied(new, None, wait_foreign)
 
-    def _upgrade(self, plan: LaunchPlan, spec: str, policy: Policy, attempt: int) -> Decision | None:
-        python = trainer_python(plan.command.launcher, dict(self.env))
+    def _upgrade(self, plan: Plan, spec: str, policy: Policy, attempt: int) -> Decision | None:
+        python = self.trainer.python(self.env)
         command = " ".join(upgrade_command(python or "<trainer's python>", f'"{spec}"'))
         if python is None:
             return Decision("stop", EXIT_STOPPED, f"fp8_serializer: cannot tell which Python runs the "

@@ -11,16 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..faults.remedies import Action, Rung
-from ..kohya import tomlio
-from ..kohya.cmdline import TrainerCommand
-from ..kohya.profile import ScriptInfo, script_info, takes_value
-from ..kohya.tomlio import TomlDoc
-from ..record.fsutil import atomic_write_text
+from ...faults.remedies import Action
+from ...record.fsutil import atomic_write_text
+from ..base import Plan, apply_env, restart_with_same_settings
+from ..cmdline import TrainerCommand
+from . import tomlio
+from .profile import ScriptInfo, script_info, takes_value
+from .tomlio import TomlDoc
 
 
 @dataclass
-class LaunchPlan:
+class LaunchPlan(Plan):
     command: TrainerCommand
     env: dict[str, str] = field(default_factory=dict)  # overrides on top of the inherited environment
     config_overlay_removed: set[str] = field(default_factory=set)  # keys dropped from --config_file
@@ -117,10 +118,7 @@ def apply_action(plan: LaunchPlan, action: Action) -> str | None:
             return f"remove --{action.name} (set in {' and '.join(where)}; a derived copy drops it)"
         return action.describe() if changed else None
     if action.kind == "set_env":
-        if plan.env.get(action.name) == action.value:
-            return None
-        plan.env[action.name] = action.value or ""
-        return action.describe()
+        return apply_env(plan, action)
     if action.kind == "halve_batch":
         batch = cmd.get_int("train_batch_size") or 1
         # A dataset's own batch_size wins over the flag: halve it there (in the derived copy).
@@ -145,26 +143,8 @@ def apply_action(plan: LaunchPlan, action: Action) -> str | None:
             return None
         cmd.set("max_data_loader_n_workers", str(target))
         return f"--max_data_loader_n_workers {target}"
-    if action.kind in ("restart", "upgrade", "stop", "wait_foreign"):
-        return action.describe()  # carried out by the engine, not by an edit of the command
-    raise ValueError(f"unknown action kind {action.kind!r}")
-
-
-def rung_applies(plan: LaunchPlan, rung: Rung, evidence: str | None = None) -> bool:
-    """Whether a remedy rung would do anything for this command (a dry run on a copy of the plan),
-    and is meant for this evidence (a rung with ``when`` names the wording it answers)."""
-    if not rung.fits(evidence):
-        return False
-    trial = plan.copy()
-    for action in rung.actions:
-        if action.kind in ("restart", "upgrade", "stop", "wait_foreign"):
-            return True
-        try:
-            if apply_action(trial, action) is not None:
-                return True
-        except (ValueError, OSError):
-            continue
-    return False
+    # carried out by the engine, not by an edit of the command; or an action of another trainer's ladder
+    return restart_with_same_settings(action)  # an action of another trainer's ladder: it means nothing to kohya
 
 
 def upgrade_spec(action: Action, evidence: str | None) -> str:

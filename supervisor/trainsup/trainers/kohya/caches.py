@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..record.fsutil import atomic_write_text
+from ...record.fsutil import atomic_write_text
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 TE_CACHE_SUFFIXES = ("_te_outputs.npz", "_flux_te.npz", "_sd3_te.npz")

@@ -11,16 +11,12 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..kohya import tomlio
-from ..kohya.cmdline import TrainerCommand
+from ..base import Settings, UsageError
+from ..cmdline import TrainerCommand
+from . import tomlio
 from .plan import LaunchPlan
-from .policy import Policy
 
 KOHYA_DEFAULT_MAX_STEPS = 1600
-
-
-class UsageError(ValueError):
-    """Bad command or files: exit 2 before anything is launched."""
 
 
 @dataclass
@@ -38,11 +34,15 @@ def _resolve(path: str, cwd: Path) -> Path:
     return p if p.is_absolute() else cwd / p
 
 
-def prepare(argv: list[str], cwd: Path, policy: Policy, rng: random.Random | None = None) -> Prepared:
+def prepare(argv: list[str], cwd: Path, policy: Settings, rng: random.Random | None = None,
+            as_given: bool = False) -> Prepared:
+    """The first launch plan; ``as_given``: the command unchanged, its files read where they exist."""
     try:
         command = TrainerCommand.parse(list(argv))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if as_given:
+        return _as_given(command)
     config_path = command.get("config_file")
     if config_path and not config_path.endswith(".toml"):
         config_path += ".toml"  # kohya appends it the same way
@@ -95,5 +95,16 @@ def prepare(argv: list[str], cwd: Path, policy: Policy, rng: random.Random | Non
     return Prepared(plan, output_dir, output_name, max_steps, user_resume, notes)
 
 
-def default_run_dir(prepared: Prepared, cwd: Path) -> Path:
-    return (prepared.output_dir or cwd) / ".trainsup"
+def _as_given(command: TrainerCommand) -> Prepared:
+    """The command exactly as given (``diagnose``): its --config_file is read when it exists here;
+    otherwise only the command line is known."""
+    config = command.get("config_file")
+    plan = LaunchPlan(command, {}, set())
+    if config:
+        path = Path(config).expanduser()
+        try:
+            plan = LaunchPlan(command, {}, set(), path, tomlio.read_toml(path))
+        except (tomlio.ConfigFileError, OSError):
+            pass  # not on this machine (or broken)
+    out, name = command.get("output_dir"), command.get("output_name")
+    return Prepared(plan, Path(out) if out else None, name, KOHYA_DEFAULT_MAX_STEPS, None)

@@ -1,6 +1,7 @@
-"""Owns the trainer command line as data: where the script is, its flags, and edits to them.
+"""Owns a trainer command line as data: the launcher part, the flags, and edits to them.
 
-kohya scripts take no positionals, so every token after the script up to the next ``--flag`` is a
+Shared by the adapters whose trainers take ``--flag value`` arguments (sd-scripts, LitGPT's dotted
+flags). kohya scripts take no positionals, so every token after the script up to the next ``--flag`` is a
 value of the flag before it (``--network_args a=b c=d`` keeps both). Edits never reorder the launcher
 part (``accelerate launch ...``) and keep unknown flags untouched.
 """
@@ -32,10 +33,12 @@ class TrainerCommand:
     flags: list[Flag]
 
     @classmethod
-    def parse(cls, argv: list[str]) -> TrainerCommand:
+    def parse(cls, argv: list[str], script_at: int | None = None) -> TrainerCommand:
+        """Split at the script (``script_at``, else the ``*.py`` or ``-m`` module ``find_script`` finds)."""
         if not argv:
             raise ValueError("the command is empty: give the training command after `--`")
-        script_at = find_script(argv)
+        if script_at is None:
+            script_at = find_script(argv)
         launcher = list(argv[: script_at + 1])
         flags: list[Flag] = []
         for token in argv[script_at + 1 :]:
@@ -52,7 +55,10 @@ class TrainerCommand:
     @property
     def script(self) -> str:
         """The trainer's script name without directory or ``.py`` (``flux_train_network``)."""
-        token = self.launcher[find_script(self.launcher)]
+        try:
+            token = self.launcher[find_script(self.launcher)]
+        except ValueError:
+            token = self.launcher[-1]
         base = os.path.basename(token)
         if base.endswith(".py"):
             return base[:-3]

@@ -13,13 +13,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..kohya.profile import final_weights_name, parse_state_name, state_dir_names, weights_files_for
-from ..kohya.states import check_state, state_dirs
-from ..kohya.weights import has_non_finite
-from ..record.fsutil import publish_copy
-from ..record.journal import Journal
-from ..record.ledger import AttemptRecord, Ledger, StateRecord, label_offset, post_resume_overshoot
-from .observe import Observations
+from ...record.fsutil import publish_copy
+from ...record.journal import Journal
+from ...record.ledger import AttemptRecord, Ledger, StateRecord, label_offset, post_resume_overshoot
+from .profile import final_weights_name, parse_state_name, state_dir_names, weights_files_for
+from .states import check_state, state_dirs
+from .weights import has_non_finite
 
 
 def _names(output_name: str | None) -> set[str]:
@@ -29,8 +28,9 @@ def _names(output_name: str | None) -> set[str]:
 
 class ResumePoints:
     def __init__(self, ledger: Ledger, output_dir: Path, need_scaler: bool, journal: Journal,
-                 say: Callable[[str], None]) -> None:
+                 say: Callable[[str], None], user_output_name: str | None = None) -> None:
         self.ledger, self.output_dir, self.need_scaler = ledger, output_dir, need_scaler
+        self.user_output_name = user_output_name  # where the final weights are published
         self.journal, self.say = journal, say
         self.run_started = time.time()
         self.attempt = 0
@@ -52,22 +52,22 @@ class ResumePoints:
                                + [self.run_started])
 
     # --- one attempt -----------------------------------------------------------------------------
-    def begin(self, attempt: int, output_name: str | None, resume_step: int) -> None:
+    def begin(self, attempt: int, resume_step: int, output_name: str | None = None) -> None:
         self.attempt, self.output_name, self.resume_step = attempt, output_name, resume_step
         self.attempt_started = time.time()
         self.ledger.attempts.append(AttemptRecord(attempt, output_name, resume_step,
                                                   0 if resume_step == 0 else None, round(self.attempt_started, 3)))
         self.ledger.save()
 
-    def summary(self, obs: Observations, max_train_steps: int) -> int:
+    def summary(self, batches_per_epoch: int | None, grad_accum: int | None, max_train_steps: int) -> int:
         """Fix the attempt's label offset from the start-up summary; return kohya's overshoot."""
         rec = self.ledger.attempt(self.attempt)
-        if rec.offset is not None or not obs.batches_per_epoch:
+        if rec.offset is not None or not batches_per_epoch:
             return 0
-        ga = obs.grad_accum or 1
-        rec.offset = label_offset(rec.resume_step, True, obs.batches_per_epoch, ga)
+        ga = grad_accum or 1
+        rec.offset = label_offset(rec.resume_step, True, batches_per_epoch, ga)
         self.ledger.save()
-        return post_resume_overshoot(rec.resume_step, max_train_steps, obs.batches_per_epoch, ga)
+        return post_resume_overshoot(rec.resume_step, max_train_steps, batches_per_epoch, ga)
 
     def written_this_attempt(self, path: Path) -> bool:
         try:
@@ -162,9 +162,9 @@ class ResumePoints:
             best = state
         return best
 
-    def publish_final(self, user_output_name: str | None) -> str | None:
+    def publish_final(self) -> str | None:
         """Put the final weights where the user's command says, when a renamed attempt wrote them."""
-        want = self.output_dir / final_weights_name(user_output_name)
+        want = self.output_dir / final_weights_name(self.user_output_name)
         got = self.output_dir / final_weights_name(self.output_name)
         if got != want and got.exists():
             publish_copy(got, want)

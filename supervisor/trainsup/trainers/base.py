@@ -1,0 +1,301 @@
+"""Owns the trainer contract: everything the engine, ``doctor``, ``diagnose`` and ``status`` may know
+of a trainer, and nothing more.
+
+A *family* (``TrainerFamily``: sd-scripts, LitGPT, any command, ...) recognises a command line
+(``detect``) and opens a *session* for one run (``open`` -> ``TrainerRun``). The session owns what
+only the trainer knows:
+
+- the launch plan (``Plan``): the settings a remedy reads and changes, and ``launch`` turning it into
+  the next attempt's argv (resume arguments, derived config copies, an output name or out dir of the
+  attempt's own so nothing an earlier attempt wrote is overwritten);
+- saved states (``states``, a ``StateStore``): which exist, their true steps, which are complete;
+- the remedy ladders in the trainer's own terms (``ladder``, ``apply``) and fault rules of its own;
+- its output (``output``, an ``OutputFormat``): progress, saved-state and success lines, phases;
+- the inputs to watch and how an edit applies (``inputs``);
+- doctor checks.
+
+Families are found through the ``trainsup.trainers`` entry-point group (``registry``), so a
+trainer's own package can ship one. ``run/`` imports this module and the registry, never an adapter.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from ..faults.matchers import Progress
+from ..faults.remedies import Action, Rung
+from ..faults.rules import FaultRule
+from ..record.journal import Journal
+from ..record.ledger import Ledger, StateRecord
+from ..sensors.watch import FileWatcher
+
+Say = Callable[[str], None]
+# What an edited input asks of the engine: nothing, a restart at the next complete state, a restart now.
+EditAction = Literal["none", "at_checkpoint", "now"]
+Severity = Literal["blocker", "warning", "info"]
+
+
+class UsageError(ValueError):
+    """Bad command or files: exit 2 before anything is launched."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The policy keys a trainer session reads (the engine passes them anew after a policy edit)."""
+
+    save_every_n_steps: int | None = None  # None: about 10% of the run's steps
+    snapshot_prompts: bool = True
+    on_prompt_change: str = "at_checkpoint"
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What a session starts from: the user's command, where it runs, and the project's ``trainer:``."""
+
+    argv: tuple[str, ...]
+    cwd: Path
+    settings: Settings = field(default_factory=Settings)
+    section: Mapping[str, Any] | None = None  # a project's ``trainer:`` mapping (the declarative adapter)
+    # The command exactly as given, for reading only (``diagnose``): add nothing to it, and take files
+    # that are not on this machine as unknown rather than as an error.
+    as_given: bool = False
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One doctor finding: a blocker (the run would fail), a warning, or information."""
+
+    severity: Severity
+    id: str
+    message: str
+    fix: str = ""
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A warning of the trainer's: journaled (``warning`` with ``fields``) and said on the console."""
+
+    message: str
+    console: str
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Plan(ABC):
+    """The next launch's settings. Adapters subclass it; the engine only copies it and reads ``env``
+    (overrides on top of the inherited environment)."""
+
+    env: dict[str, str]
+
+    @abstractmethod
+    def copy(self) -> Plan: ...
+
+
+@dataclass
+class ArgvPlan(Plan):
+    """A plan that is the command line itself (adapters without flags to edit)."""
+
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+    def copy(self) -> ArgvPlan:
+        return ArgvPlan(list(self.argv), dict(self.env))
+
+
+class OutputFormat:
+    """What the trainer's output lines mean. The default knows nothing: any line is activity.
+
+    ``progress_hint`` is a cheap substring gate (only lines holding it reach ``progress``);
+    ``bookkeeping`` gates the rest of the matchers. Both run on the pump threads: keep them cheap.
+    """
+
+    progress_hint: str | None = None
+    bookkeeping: re.Pattern[str] | None = None
+    # (marker, phase): a line holding the marker starts a phase that prints but moves no step
+    phase_starts: tuple[tuple[str, str], ...] = ()
+    any_line_is_activity = True  # no progress to go by: every line shows the trainer is alive
+
+    def progress(self, line: str) -> Progress | None:
+        return None
+
+    def is_plain_redraw(self, line: str) -> bool:
+        """A progress redraw that carries no fault evidence (the scanner only notes it)."""
+        return False
+
+    def state_completed(self, line: str) -> str | None:
+        """The directory of a state whose last file was just written ('' = look on disk)."""
+        return None
+
+    def state_started(self, line: str) -> int | None:
+        """The trainer's label of a state save that begins."""
+        return None
+
+    def is_success(self, line: str) -> bool:
+        return False
+
+    def batches_per_epoch(self, line: str) -> int | None:
+        return None
+
+    def grad_accum(self, line: str) -> int | None:
+        return None
+
+
+class StateStore(Protocol):
+    """The run's resume points: the states each attempt saved, with their true steps, in the ledger."""
+
+    def continue_ledger(self) -> None: ...
+    def begin(self, attempt: int, resume_step: int, output_name: str | None = None) -> None: ...
+    def collect(self, only: Path | None = None) -> list[StateRecord]: ...
+    def steps_proven(self) -> int: ...
+    def newest(self, nan_step: int | None = None, max_steps: int | None = None) -> StateRecord | None: ...
+    def adopt(self, path: Path) -> str: ...
+    def mark_failed_save(self, label: int) -> None: ...
+    def mark_tainted(self, from_step: int) -> None: ...
+    def final_written(self) -> bool: ...
+    def publish_final(self) -> str | None: ...
+
+
+class Inputs:
+    """Files the run reads besides its command (prompts, configs, datasets). Default: none."""
+
+    def watch(self, watcher: FileWatcher) -> None:
+        return None
+
+    def owns(self, path: Path) -> bool:
+        return False
+
+    def on_change(self, path: Path, kind: str, plan: Plan | None = None) -> EditAction:
+        """An edit of a file ``watch`` watches; ``plan`` (the current one) takes what remedies read."""
+        return "none"
+
+    def settings_changed(self, settings: Settings) -> None:
+        return None
+
+
+class TrainerRun(ABC):
+    """One run of one trainer: created by ``TrainerFamily.open``, then ``bind`` once the run dir exists."""
+
+    family: str = ""
+    output_dir: Path | None = None
+    total_steps: int | None = None  # the steps the user asked for, when the command says
+    user_resume: Path | None = None  # a state the user's own command resumes from
+    settings_unknown: bool = False  # as given: some settings live in a file that is not here
+    notes: list[str]  # said once at start and journaled (what trainsup changed, what it cannot do)
+    plan: Plan
+    output: OutputFormat
+    states: StateStore
+    inputs: Inputs
+
+    def __init__(self) -> None:
+        self.notes = []
+        self.output = OutputFormat()
+        self.inputs = Inputs()
+
+    @property
+    def label(self) -> str | None:
+        """A short name for the run (kohya's ``--output_name``), or None."""
+        return None
+
+    def default_run_dir(self, cwd: Path) -> Path:
+        return (self.output_dir or cwd) / ".trainsup"
+
+    @abstractmethod
+    def bind(self, run_dir: Path, ledger: Ledger, journal: Journal, say: Say) -> None:
+        """The run dir, its ledger and journal exist: set up ``states`` and ``inputs``."""
+
+    @abstractmethod
+    def launch(self, plan: Plan, attempt: int, resume: StateRecord | None, run_dir: Path) -> list[str]:
+        """The argv of this attempt (resume arguments, derived copies written); calls ``states.begin``.
+
+        ``plan`` is the engine's copy for this launch: the adapter may change it (its ``env`` is used).
+        May raise ``OSError`` when a derived file cannot be written: the engine then never launches.
+        """
+
+    # --- remedies ----------------------------------------------------------------------------------
+    def rules(self) -> tuple[FaultRule, ...]:
+        """Fault rules of this trainer, tried before the built-in table."""
+        return ()
+
+    @abstractmethod
+    def ladder(self, fault: str) -> tuple[Rung, ...]:
+        """The remedy ladder of a fault class in this trainer's terms."""
+
+    @abstractmethod
+    def apply(self, plan: Plan, action: Action, evidence: str | None = None) -> str | None:
+        """Apply one action to the plan; what changed in words, or None when it means nothing here."""
+
+    def python(self, env: Mapping[str, str]) -> str | None:
+        """The interpreter that runs the trainer (for an environment upgrade), when it can be told."""
+        return None
+
+    @abstractmethod
+    def command_line(self, plan: Plan) -> list[str]:
+        """The plan's command as the user would type it (``diagnose`` prints the corrected one)."""
+
+    def plan_notes(self, plan: Plan) -> list[str]:
+        """What a user must also change by hand to apply this plan without trainsup."""
+        return []
+
+    def on_summary(self, batches_per_epoch: int | None, grad_accum: int | None) -> Notice | None:
+        """The trainer's start-up summary was read; a warning to journal and say, or None."""
+        return None
+
+    def upgrade_spec(self, action: Action, evidence: str | None) -> str:
+        """The package spec an ``upgrade`` action installs, given the fault's evidence line."""
+        return action.name
+
+    # --- doctor ------------------------------------------------------------------------------------
+    def doctor(self, env: Mapping[str, str]) -> list[Finding]:
+        """Preflight findings on the command and the files it names (reading files only)."""
+        return []
+
+
+class TrainerFamily(Protocol):
+    """An adapter: registered under the ``trainsup.trainers`` entry-point group."""
+
+    name: str
+    description: str
+
+    def detect(self, argv: Sequence[str]) -> int:
+        """How surely this family runs the command: 0 not at all; the highest score wins."""
+        ...
+
+    def open(self, setup: Setup) -> TrainerRun:
+        """A session for one run; raises ``UsageError`` for a command or file it cannot use."""
+        ...
+
+
+def restart_with_same_settings(action: Action) -> str | None:
+    """The actions every trainer carries out the same way (the engine does them, not a plan edit)."""
+    if action.kind in ("restart", "upgrade", "stop", "wait_foreign"):
+        return action.describe()
+    return None
+
+
+def apply_env(plan: Plan, action: Action) -> str | None:
+    """``set_env``: the same for every trainer."""
+    if plan.env.get(action.name) == action.value:
+        return None
+    plan.env[action.name] = action.value or ""
+    return action.describe()
+
+
+def rung_applies(trainer: TrainerRun, plan: Plan, rung: Rung, evidence: str | None = None) -> bool:
+    """Whether a remedy rung would do anything for this command (a dry run on a copy of the plan),
+    and is meant for this evidence (a rung with ``when`` names the wording it answers)."""
+    if not rung.fits(evidence):
+        return False
+    trial = plan.copy()
+    for action in rung.actions:
+        if action.kind in ("restart", "upgrade", "stop", "wait_foreign"):
+            return True
+        try:
+            if trainer.apply(trial, action, evidence) is not None:
+                return True
+        except (ValueError, OSError):
+            continue
+    return False

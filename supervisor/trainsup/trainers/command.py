@@ -1,0 +1,105 @@
+"""Owns the ``command`` adapter: any command, supervised with no trainer knowledge at all.
+
+What needs no knowledge of the trainer still works: restarts on a crash with backoff and budget,
+hang detection on silence (every line the command prints shows it alive), GPU reclaim, the journal,
+``status``, notifications and metrics. Every attempt relaunches the same command unchanged (a
+trainer that resumes by itself, like ``--resume_from_checkpoint latest``, then resumes); only an
+environment variable can be set by a remedy, and every other rung is skipped (the journal says so).
+Success is exit 0. It scores lowest, so any adapter that knows the command wins over it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from ..faults import remedies
+from ..faults.remedies import Action, Rung
+from ..record.journal import Journal
+from ..record.ledger import Ledger, StateRecord
+from .base import ArgvPlan, Plan, Say, Setup, TrainerRun, apply_env, restart_with_same_settings
+from .interpreter import trainer_python
+
+NOTE = ("no adapter knows this command: trainsup restarts it unchanged after a crash (it resumes only "
+        "if the command resumes by itself) and detects hangs on silence; a project's `trainer:` section "
+        "can describe its states")
+
+
+class NoStates:
+    """A trainer whose states trainsup does not know: nothing to claim, nothing to resume from."""
+
+    def continue_ledger(self) -> None:
+        return None
+
+    def begin(self, attempt: int, resume_step: int, output_name: str | None = None) -> None:
+        return None
+
+    def collect(self, only: Path | None = None) -> list[StateRecord]:
+        return []
+
+    def steps_proven(self) -> int:
+        return 0
+
+    def newest(self, nan_step: int | None = None, max_steps: int | None = None) -> StateRecord | None:
+        return None
+
+    def adopt(self, path: Path) -> str:
+        return ""
+
+    def mark_failed_save(self, label: int) -> None:
+        return None
+
+    def mark_tainted(self, from_step: int) -> None:
+        return None
+
+    def final_written(self) -> bool:
+        return True  # exit 0 is success: there is no other marker to wait for
+
+    def publish_final(self) -> str | None:
+        return None
+
+
+class CommandRun(TrainerRun):
+    family = "command"
+
+    def __init__(self, setup: Setup) -> None:
+        super().__init__()
+        self.plan = ArgvPlan(list(setup.argv))
+        self.notes = [NOTE]
+
+    def bind(self, run_dir: Path, ledger: Ledger, journal: Journal, say: Say) -> None:
+        self.states = NoStates()
+
+    def launch(self, plan: Plan, attempt: int, resume: StateRecord | None, run_dir: Path) -> list[str]:
+        assert isinstance(plan, ArgvPlan)
+        return list(plan.argv)
+
+    def ladder(self, fault: str) -> tuple[Rung, ...]:
+        return remedies.ladder(fault)
+
+    def apply(self, plan: Plan, action: Action, evidence: str | None = None) -> str | None:
+        if action.kind == "set_env":
+            return apply_env(plan, action)
+        return restart_with_same_settings(action)
+
+    def command_line(self, plan: Plan) -> list[str]:
+        assert isinstance(plan, ArgvPlan)
+        return list(plan.argv)
+
+    def python(self, env: Mapping[str, str]) -> str | None:
+        assert isinstance(self.plan, ArgvPlan)
+        return trainer_python(self.plan.argv, dict(env))
+
+
+class CommandFamily:
+    name = "command"
+    description = "any command: restarts, hangs on silence, GPU reclaim; no states, no flag remedies"
+
+    def detect(self, argv: Sequence[str]) -> int:
+        return 1 if argv else 0
+
+    def open(self, setup: Setup) -> TrainerRun:
+        return CommandRun(setup)
+
+
+FAMILY = CommandFamily()

@@ -1,0 +1,139 @@
+"""Owns sd-scripts (and musubi-tuner) behind the trainer contract: recognising its scripts, the
+first launch plan, the resume arguments and output names of each attempt, the remedy ladders.
+
+An attempt that resumes, or that starts over after an earlier attempt of this run wrote files,
+writes under its own ``--output_name`` (``NAME-trainsupN``): kohya labels post-resume saves with
+wrong step numbers and would otherwise overwrite earlier states and weights. The ledger maps every
+state to its absolute step; the final weights are published where the user's command puts them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from ...faults import remedies
+from ...faults.remedies import Action, Rung
+from ...record.journal import Journal
+from ...record.ledger import Ledger, StateRecord
+from ..base import Finding, Notice, Plan, Say, Setup, TrainerRun
+from ..cmdline import find_script
+from ..interpreter import trainer_python
+from .inputs import KohyaInputs
+from .output import KohyaOutput
+from .plan import LaunchPlan, apply_action, upgrade_spec
+from .points import ResumePoints
+from .prepare import prepare
+from .profile import script_info
+
+# Flags only kohya-style trainers take: a script of another name with one of them is kohya's too.
+_TELLTALE = ("--pretrained_model_name_or_path", "--network_module", "--dataset_config", "--train_data_dir")
+
+
+class KohyaRun(TrainerRun):
+    family = "kohya"
+    plan: LaunchPlan
+
+    def __init__(self, setup: Setup) -> None:
+        super().__init__()
+        p = prepare(list(setup.argv), setup.cwd, setup.settings, as_given=setup.as_given)
+        self.prepared, self.plan = p, p.plan
+        self.output_dir, self.total_steps, self.user_resume = p.output_dir, p.max_train_steps, p.user_resume
+        self.notes = list(p.notes)
+        config = self.plan.command.get("config_file")
+        if setup.as_given and config and self.plan.user_config is None:
+            self.settings_unknown = True
+            self.notes.append(f"--config_file {config} is not readable here: flags set in it are unknown")
+        self.cwd, self.settings = setup.cwd, setup.settings
+        self.output = KohyaOutput()
+
+    @property
+    def label(self) -> str | None:
+        return self.prepared.output_name
+
+    def bind(self, run_dir: Path, ledger: Ledger, journal: Journal, say: Say) -> None:
+        fp16 = self.plan.value("mixed_precision") == "fp16"
+        self.points = ResumePoints(ledger, self.output_dir or self.cwd, fp16, journal, say, self.prepared.output_name)
+        self.states = self.points
+        self.kohya_inputs = KohyaInputs(self.plan, self.cwd, run_dir, self.settings, journal, say)
+        self.inputs = self.kohya_inputs
+
+    def launch(self, plan: Plan, attempt: int, resume: StateRecord | None, run_dir: Path) -> list[str]:
+        assert isinstance(plan, LaunchPlan)
+        cmd, name = plan.command, self.prepared.output_name
+        # The user's own output name is safe only for a fresh start that nothing of this run has
+        # written under yet; a resumed attempt's labels are wrong and would overwrite earlier files.
+        own_name = resume is None and self.user_resume is None and not self.points.wrote_under(name)
+        output_name = name if own_name else f"{name or 'last'}-trainsup{attempt}"
+        if output_name is not None and not own_name:
+            cmd.set("output_name", output_name)
+        if resume is not None:
+            cmd.set("resume", resume.dir)
+            cmd.set("skip_until_initial_step")
+            cmd.set("initial_step", str(resume.step))
+        else:
+            cmd.remove("resume")
+            cmd.remove("initial_step")
+        self.kohya_inputs.before_launch(attempt, plan)
+        plan.write_derived_configs(run_dir, attempt)
+        self.points.begin(attempt, resume.step if resume else 0, output_name)
+        return cmd.argv()
+
+    def ladder(self, fault: str) -> tuple[Rung, ...]:
+        return remedies.ladder(fault)
+
+    def apply(self, plan: Plan, action: Action, evidence: str | None = None) -> str | None:
+        assert isinstance(plan, LaunchPlan)
+        return apply_action(plan, action)
+
+    def upgrade_spec(self, action: Action, evidence: str | None) -> str:
+        return upgrade_spec(action, evidence)
+
+    def python(self, env: Mapping[str, str]) -> str | None:
+        return trainer_python(self.plan.command.launcher, dict(env))
+
+    def command_line(self, plan: Plan) -> list[str]:
+        assert isinstance(plan, LaunchPlan)
+        return plan.command.argv()
+
+    def plan_notes(self, plan: Plan) -> list[str]:
+        assert isinstance(plan, LaunchPlan)
+        return [f"--{key} is set in {plan.user_config}: remove it there too "
+                "(trainsup run writes a derived copy instead)" for key in sorted(plan.config_overlay_removed)]
+
+    def on_summary(self, batches_per_epoch: int | None, grad_accum: int | None) -> Notice | None:
+        extra = self.points.summary(batches_per_epoch, grad_accum, self.prepared.max_train_steps)
+        if not extra:
+            return None
+        return Notice("kohya will train past --max_train_steps after this resume",
+                      f"warning: kohya will train {extra} steps past --max_train_steps after this resume "
+                      "(its epochs are not whole); choose max_train_steps as a multiple of the steps per epoch",
+                      {"extra_steps": extra})
+
+    def doctor(self, env: Mapping[str, str]) -> list[Finding]:
+        return []  # the kohya checks are still in commands/doctor_checks (being moved here)
+
+
+class KohyaFamily:
+    name = "kohya"
+    description = "kohya-ss sd-scripts and musubi-tuner (train_network.py, flux_train_network.py, ...)"
+
+    def detect(self, argv: Sequence[str]) -> int:
+        try:
+            at = find_script(list(argv))
+        except ValueError:
+            # `accelerate launch` with no script: kohya's launcher, missing its script (a usage error)
+            launcher = [os.path.basename(a).removesuffix(".exe") for a in argv[:2]]
+            return 3 if launcher == ["accelerate", "launch"] else 0
+        token = argv[at]
+        script = os.path.basename(token)[:-3] if token.endswith(".py") else token.rsplit(".", 1)[-1]
+        if script_info(script).kind != "unknown":
+            return 10
+        return 5 if any(a.split("=", 1)[0] in _TELLTALE for a in argv[at + 1:]) else 0
+
+    def open(self, setup: Setup) -> TrainerRun:
+        return KohyaRun(setup)
+
+
+FAMILY = KohyaFamily()

@@ -1,0 +1,145 @@
+"""Owns resume points for trainers that name each saved state with its true step (LitGPT's
+``step-000010/``, a declarative ``checkpoint-*`` glob): listing them, claiming the complete ones an
+attempt wrote into the ledger, choosing the newest safe one, and moving aside what a resumed attempt
+would otherwise overwrite.
+
+The adapter says where states are (``find``: path and step of each candidate) and when one is
+complete (``check``: '' or why not). A state counts for an attempt only when it was written after
+that attempt's launch (its newest file), so a same-named state of an earlier run is never claimed.
+Nothing is ever deleted: a state in the way of a resume goes to ``RUN_DIR/set-aside/``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ..record.journal import Journal
+from ..record.ledger import AttemptRecord, Ledger, StateRecord
+
+Find = Callable[[], list[tuple[Path, int]]]
+Check = Callable[[Path], str]
+
+
+def newest_mtime(path: Path) -> float:
+    """The newest modification time of a file, or of any file inside a directory."""
+    try:
+        if path.is_file():
+            return path.stat().st_mtime
+        return max([f.stat().st_mtime for f in path.rglob("*") if f.is_file()] or [path.stat().st_mtime])
+    except OSError:
+        return 0.0
+
+
+class StepStates:
+    def __init__(self, ledger: Ledger, journal: Journal, say: Callable[[str], None], find: Find, check: Check,
+                 *, resume_at_end: bool = True, final: Callable[[], Path | None] | None = None,
+                 publish: Callable[[], str | None] = lambda: None) -> None:
+        self.ledger, self.journal, self.say = ledger, journal, say
+        self.find, self.check = find, check
+        self.resume_at_end = resume_at_end  # False: never resume from a state at the last step
+        self.final, self.publish = final, publish  # final None: exit 0 alone is success
+        self.attempt = 0
+        self.attempt_started = time.time()
+        self.resume_step = 0
+
+    def continue_ledger(self) -> None:
+        if not self.ledger.attempts:
+            return
+        last = self.ledger.attempts[-1]
+        self.attempt, self.resume_step = last.attempt, last.resume_step
+        self.attempt_started = last.started if last.started is not None else self.attempt_started
+        self.collect()
+
+    def begin(self, attempt: int, resume_step: int, output_name: str | None = None) -> None:
+        self.attempt, self.resume_step = attempt, resume_step
+        self.attempt_started = time.time()
+        # The step in a state's name is the true step: the label offset is 0.
+        self.ledger.attempts.append(AttemptRecord(attempt, output_name, resume_step, 0,
+                                                  round(self.attempt_started, 3)))
+        self.ledger.save()
+
+    def collect(self, only: Path | None = None) -> list[StateRecord]:
+        recorded: list[StateRecord] = []
+        for path, step in self.find():
+            if only is not None and path != only:
+                continue
+            if self.ledger.step_of(path) is not None or path.as_posix() in self.ledger.bad_states:
+                continue
+            if newest_mtime(path) < int(self.attempt_started):
+                continue  # an earlier run's state under the same name: not this attempt's to claim
+            if self.check(path):
+                continue
+            state = self.ledger.record_state(path, self.attempt, step)
+            if state is not None:
+                recorded.append(state)
+                self.journal.event("state_saved", dir=state.dir, step=state.step, label=state.label,
+                                   attempt=self.attempt)
+                self.say(f"state_saved step={state.step} dir={state.dir}")
+        return recorded
+
+    def steps_proven(self) -> int:
+        return max([0] + [s.step - self.resume_step for s in self.ledger.states if s.attempt == self.attempt])
+
+    def newest(self, nan_step: int | None = None, max_steps: int | None = None) -> StateRecord | None:
+        best: StateRecord | None = None
+        for state in self.ledger.states:
+            if state.dir in self.ledger.bad_states or (nan_step is not None and state.step >= nan_step):
+                continue
+            if not self.resume_at_end and max_steps is not None and state.step >= max_steps:
+                continue
+            if best is not None and (state.step, state.attempt) <= (best.step, best.attempt):
+                continue
+            problem = self.check(Path(state.dir))
+            if problem:
+                self.ledger.mark_bad(Path(state.dir))
+                continue
+            best = state
+        return best
+
+    def adopt(self, path: Path) -> str:
+        for found, step in self.find():
+            if found == path:
+                problem = self.check(path)
+                if problem:
+                    return problem
+                self.ledger.states.append(StateRecord(str(path), step, 0, step))
+                self.journal.event("state_adopted", dir=str(path), step=step)
+                return ""
+        return "not a saved state of this trainer"
+
+    def mark_failed_save(self, label: int) -> None:
+        return None
+
+    def mark_tainted(self, from_step: int) -> None:
+        for state in self.ledger.states:
+            if state.attempt == self.attempt and state.step >= from_step:
+                self.ledger.mark_bad(Path(state.dir))
+
+    def final_written(self) -> bool:
+        """Whether this attempt wrote the run's final output (what makes exit 0 a success)."""
+        if self.final is None:
+            return True
+        final = self.final()
+        return final is not None and final.exists() and newest_mtime(final) >= int(self.attempt_started)
+
+    def publish_final(self) -> str | None:
+        return self.publish()
+
+    def set_aside_after(self, step: int, run_dir: Path, attempt: int) -> list[str]:
+        """Move every state past ``step`` (complete or not) out of the trainer's way into the run dir:
+        the resumed attempt would write the same names over them."""
+        moved: list[str] = []
+        for path, s in self.find():
+            if s <= step:
+                continue
+            target = run_dir / "set-aside" / f"attempt-{attempt}" / path.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(path), str(target))
+            self.ledger.mark_bad(path)
+            moved.append(str(path))
+            self.journal.event("state_set_aside", dir=str(path), step=s, to=str(target), attempt=attempt)
+            self.say(f"state_set_aside step={s} {path} -> {target} (a resume from step {step} would overwrite it)")
+        return moved
