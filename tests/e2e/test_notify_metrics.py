@@ -80,7 +80,7 @@ def test_a_demo_run_tells_its_faults_and_its_finish_and_serves_metrics_while_it_
     assert re.fullmatch(r"evidence: .*CUDA out of memory\. Tried to allocate 2\.00 GiB.* "
                         r"\(attempt-1\.log line \d+\)", lines[0]), lines[0]
     assert lines[1].startswith("remedy (rung 0): set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
-    assert re.match(r"step \d+/20 · loss \S+ · \S+ it/s · ETA \d+ s · attempt 1$", lines[2]), lines[2]
+    assert re.match(r"step \d+/20 · loss \S+ · \S+ it/s · eta \d\S* · attempt 1$", lines[2]), lines[2]
     tail = first["message"].split("last 5 lines of attempt-1.log:\n", 1)[1].splitlines()
     assert len(tail) == 5 and any("CUDA out of memory" in line for line in tail)
     assert "remedy (rung 1): add --gradient_checkpointing" in second["message"]

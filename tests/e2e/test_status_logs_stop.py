@@ -17,7 +17,8 @@ import yaml
 
 from tests.conftest import ROOT, trainsup_cmd, wait_until
 from tests.e2e.demo_harness import FAST_POLICY, clean_env, demo_argv
-from trainsup.commands.status import RunView, eta_seconds, format_duration, format_line
+from trainsup.commands.status import RunView, format_line
+from trainsup.record.textfmt import eta_seconds, format_duration
 
 
 class Run:

@@ -1,6 +1,7 @@
 """The verbs beside ``run``, one module each: ``diagnose`` (saved logs, offline), ``doctor`` (with
 its checks: a command before it runs), ``status``, ``logs`` and ``stop`` (a run from outside, through
-its run dir; ``runref`` finds the run an argument names) and ``service`` (the systemd unit and a
+its run dir; ``runref`` finds the run an argument names, ``pidcheck`` tells whether a pid is still
+the supervisor before ``stop`` or ``stop ID`` signals it) and ``service`` (the systemd unit and a
 project's installation) and ``queue`` (the entries ``trainsup serve`` runs, and ``stop ID``). ``cli``
 parses argv for them and exits.
 

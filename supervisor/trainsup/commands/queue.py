@@ -24,7 +24,7 @@ from ..service.control import ask
 from ..service.daemon import status_text
 from ..service.entryproc import live_supervisor
 from ..service.queuestore import ENDED, Entry, QueueError, QueueStore, counts, queued_positions, state_dir
-from .stop import check_supervisor
+from .pidcheck import check_supervisor
 
 EXIT_OK = 0
 EXIT_REFUSED = 1  # e.g. removing a running entry

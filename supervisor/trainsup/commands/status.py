@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..record.runlock import holder
+from ..record.textfmt import eta_seconds, progress_parts
 from .runref import RefError, RunRef, attempt_logs, every_project, read_status, resolve
 
-__all__ = ["RunView", "eta_seconds", "format_duration", "format_line", "run_status", "view"]
+__all__ = ["RunView", "format_line", "run_status", "view"]
 
 LIVE_STATES = frozenset({"starting", "running", "stopping", "remedying", "backoff"})
 EXIT_OK = 0
@@ -103,25 +104,6 @@ def view(ref: RunRef) -> RunView:
     return out
 
 
-def eta_seconds(step: int | None, total: int | None, rate: float | None) -> float | None:
-    """Seconds left at ``rate`` steps a second; ``None`` when any of them is unknown or meaningless."""
-    if step is None or total is None or rate is None or not math.isfinite(rate) or rate <= 0:
-        return None
-    return max(total - step, 0) / rate
-
-
-def format_duration(seconds: float) -> str:
-    """``42s``, ``16m56s``, ``3h02m``, ``2d03h``: two units at most, as a glance needs."""
-    s = round(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-
-
 def _gpu_text(entry: Mapping[str, Any]) -> str | None:
     index, used, total = entry.get("index"), _number(entry.get("used_mib")), _number(entry.get("total_mib"))
     if index is None or (used is None and total is None):
@@ -135,15 +117,8 @@ def format_line(run: RunView, name_width: int = 0) -> str:
     parts = [run.name.ljust(name_width), run.state.ljust(9)]
     if run.attempt is not None:
         parts.append(f"attempt {run.attempt}")
-    if run.step is not None:
-        parts.append(f"step {run.step}/{run.total}" if run.total is not None else f"step {run.step}")
-    if run.loss is not None:
-        parts.append(f"loss {run.loss:.4g}")
     live = run.state in LIVE_STATES
-    if live and run.rate is not None:
-        parts.append(f"{run.rate:.3g} it/s")
-    if run.eta_s is not None:
-        parts.append(f"eta {format_duration(run.eta_s)}")
+    parts.extend(progress_parts(run.step, run.total, run.loss, run.rate if live else None, eta_s=run.eta_s))
     if run.last_fault:
         parts.append(f"fault {run.last_fault}")
     if live:

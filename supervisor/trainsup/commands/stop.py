@@ -20,19 +20,17 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TextIO
 
-import psutil
-
 from ..record.runlock import Holder, holder
+from .pidcheck import check_supervisor
 from .runref import RefError, resolve
 from .status import format_line, view
 
-__all__ = ["check_supervisor", "run_stop"]
+__all__ = ["run_stop"]
 
 EXIT_STOPPED = 0  # also: nothing was running
 EXIT_STILL_RUNNING = 1
 EXIT_USAGE = 2
 DEFAULT_TIMEOUT_S = 120.0  # above the default stop.grace_s (30 s): the supervisor waits that long for the trainer
-CREATE_SLACK_S = 2.0  # create_time and the lock's start time come from different clocks' roundings
 PID_WAIT_S = 2.0  # the lock is taken a moment before the pid is written into it
 POLL_S = 0.1
 
@@ -80,25 +78,6 @@ def run_stop(arg: str, *, timeout: float, env: Mapping[str, str], out: TextIO, e
         sleep(POLL_S)
     print(format_line(view(ref)), file=out)
     return EXIT_STOPPED
-
-
-def check_supervisor(sup: Holder) -> str | None:
-    """Why ``sup.pid`` is not (any more) the supervisor that took the lock, or ``None`` when it is."""
-    try:
-        proc = psutil.Process(sup.pid)
-        created = proc.create_time()
-        cmdline = proc.cmdline()
-    except (psutil.NoSuchProcess, psutil.ZombieProcess):
-        return f"pid {sup.pid} has exited"
-    except psutil.AccessDenied:
-        return f"not allowed to inspect pid {sup.pid} (another user's run?)"
-    if sup.started > 0 and created > sup.started + CREATE_SLACK_S:
-        return (f"pid {sup.pid} was started after the lock was taken: it is another process now, "
-                "not the supervisor; not signalling it")
-    if not any("trainsup" in part for part in cmdline):
-        shown = " ".join(" ".join(cmdline).split())[:120] or "?"  # one line, whatever its argv holds
-        return f"pid {sup.pid} ({shown}) is not a trainsup process; not signalling it"
-    return None
 
 
 def _holder_with_pid(run_dir: Path, clock: Callable[[], float], sleep: Callable[[float], None]) -> Holder | None:

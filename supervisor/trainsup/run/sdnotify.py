@@ -20,6 +20,8 @@ import socket
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..record.textfmt import eta_seconds, progress_parts
+
 STATUS_INTERVAL_S = 2.0
 
 
@@ -87,29 +89,13 @@ class Notifier:
 
 
 def status_line(status: Mapping[str, Any]) -> str:
-    """One line of a run's state, e.g. ``attempt 2 · step 812/2000 · loss 0.083 · 1.9 it/s · ETA 10 min
-    · last fault cuda_oom``; fields that are not known are left out."""
+    """One line of a run's state, e.g. ``running · attempt 2 · step 812/2000 · loss 0.083 · 1.9 it/s ·
+    eta 10m25s · last fault cuda_oom``; fields that are not known are left out."""
     parts = [str(status.get("state") or "starting")]
     if status.get("attempt") is not None:
         parts.append(f"attempt {status['attempt']}")
-    step, total = status.get("step"), status.get("total")
-    if step is not None:
-        parts.append(f"step {step}/{total}" if total else f"step {step}")
-    loss, rate = status.get("loss"), status.get("rate")
-    if isinstance(loss, (int, float)):
-        parts.append(f"loss {loss:.4g}")
-    if isinstance(rate, (int, float)) and rate > 0:
-        parts.append(f"{rate:.3g} it/s")
-        if isinstance(step, int) and isinstance(total, int) and total > step:
-            parts.append(f"ETA {eta_text((total - step) / rate)}")
+    step, total, rate = status.get("step"), status.get("total"), status.get("rate")
+    parts.extend(progress_parts(step, total, status.get("loss"), rate, eta_s=eta_seconds(step, total, rate)))
     if status.get("last_fault"):
         parts.append(f"last fault {status['last_fault']}")
     return " · ".join(parts)
-
-
-def eta_text(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from ..record.journal import Journal
+from ..record.textfmt import format_duration
 from ..run.policy import ENV_REF, NotifyPolicy
-from ..run.sdnotify import eta_text
 from .notices import Notice, RateLimit, RunStory, log_tail
 
 QUEUE_SIZE = 64
@@ -97,7 +97,7 @@ class Alerts:
                 return False
             if held:
                 notice = replace(notice, body=f"{notice.body}\n{held} more of the same since the last "
-                                 f"notification (told at most once per {eta_text(self.policy.rate_limit_s)})")
+                                 f"notification (told at most once per {format_duration(self.policy.rate_limit_s)})")
         return self._enqueue(notice)
 
     def _enqueue(self, notice: Notice) -> bool:

@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, start_http_server, write_to_tex
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..record.textfmt import eta_seconds
 from ..run.policy import MetricsPolicy, parse_listen
 from ..run.runstate import RunState
 
@@ -108,8 +109,7 @@ class RunMetrics:
         running = self.state == RunState.RUNNING.value
         gauge("trainsup_run_steps_per_second", "Training speed while the trainer runs.",
               self.rate if running else None)
-        eta = ((self.total - self.step) / self.rate if running and self.rate and self.total is not None
-               and self.step is not None and self.total >= self.step else None)
+        eta = eta_seconds(self.step, self.total, self.rate) if running else None
         gauge("trainsup_run_eta_seconds", "Time left at the current speed, while the trainer runs.", eta)
         states = GaugeMetricFamily("trainsup_run_state", "1 for the run's state, 0 for every other state.",
                                    labels=["project", "state"])

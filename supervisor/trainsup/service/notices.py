@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..faults.linetext import strip_ansi
-from ..run.sdnotify import eta_text
+from ..record.textfmt import eta_seconds, format_duration, progress_parts
 
 EVIDENCE_CHARS = 500
 TAIL_LINE_CHARS = 400
@@ -165,7 +165,7 @@ class RunStory:
         took = (float(end["ts"]) - self.started_at) if self.started_at is not None and "ts" in end else None
         faults = ", ".join(f"{c} x{n}" for c, n in self.faults.items()) or "none"
         lines.append(f"attempts: {self.attempts}; faults: {faults}"
-                     + (f"; took {eta_text(took)}" if took is not None else ""))
+                     + (f"; took {format_duration(took)}" if took is not None else ""))
         return self._notice(("finished",), self._at(None, "finished"), "success", lines,
                             end.get("attempt") or self.attempt, None, speed=False)
 
@@ -206,13 +206,7 @@ class RunStory:
         """Step, loss, speed and ETA (the speed last seen: a fault's ETA is at the speed it had)."""
         s = self.status
         step, total, loss, rate = self._step(), s.get("total"), s.get("loss"), s.get("rate") if speed else None
-        parts = [f"step {step}/{total}" if total else f"step {step}"] if step is not None else []
-        if isinstance(loss, (int, float)):
-            parts.append(f"loss {loss:.4g}")
-        if isinstance(rate, (int, float)) and rate > 0:
-            parts.append(f"{rate:.3g} it/s")
-            if isinstance(step, int) and isinstance(total, int) and total > step:
-                parts.append(f"ETA {eta_text((total - step) / rate)}")
+        parts = progress_parts(step, total, loss, rate, eta_s=eta_seconds(step, total, rate))
         if self.attempt is not None:
             parts.append(f"attempt {self.attempt}")
         return " · ".join(parts) or "no step yet"
