@@ -1,0 +1,94 @@
+"""The plan of a run, everything drawn from its seed: the per-run seeds of a soak (`run_seeds`), the
+injections of one run (`plan_run`) and `Injection`, which also holds what the run driver found when it
+fired."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from .params import SAVE_EVERY, STEPS, WORDS
+
+
+@dataclass
+class Injection:
+    kind: str
+    at_step: float  # absolute step at which it is armed; the fraction is a share of a step to wait
+    moment: str  # "step" (while training), "save" (inside a state save) or "launch" (start-up)
+    save: str = ""  # moment "save": the save aimed at ("8", ... or "last")
+    delay: float = 0.0  # moment "launch": seconds after the attempt started
+    restart_delay: float = 0.0  # kill_supervisor: seconds until trainsup is started again
+    free_bytes: int = 0  # disk_full: bytes left free on the output dir's tmpfs
+    target: str = ""  # edit: a caption file name, or "prompts"
+    text: str = ""  # edit: the new content
+    # filled in when it fires
+    fired: float | None = None  # time.time()
+    step: int | None = None  # absolute step the trainer had reached
+    complete: list[str] = field(default_factory=list)  # complete state dirs on disk then
+    incomplete: list[str] = field(default_factory=list)  # state dirs being written then
+    snapshot: dict[str, str] = field(default_factory=dict)  # output dir: rel path -> sha256
+    in_progress: set[str] = field(default_factory=set)  # rel paths of the snapshot still being written
+    sample_record: bytes = b""  # the demo's append-only sample record then
+    note: str = ""
+
+    def describe(self) -> str:
+        where = {"step": f"at step {self.at_step:.1f}", "launch": f"{self.delay:.1f} s into a launch",
+                 "save": f"inside save {self.save}"}[self.moment]
+        extra = {"kill_supervisor": f", restart after {self.restart_delay:.1f} s",
+                 "disk_full": f", {self.free_bytes} bytes left", "edit": f", {self.target}"}.get(self.kind, "")
+        return f"{self.kind} {where}{extra}"
+
+
+def run_seeds(seed: int, runs: int, kinds: tuple[str, ...]) -> list[int]:
+    """One seed per run; seed % len(kinds) picks a run's first kind, so every kind recurs."""
+    rng = random.Random(seed)
+    order = list(range(len(kinds)))
+    rng.shuffle(order)
+    seeds = []
+    for i in range(runs):
+        s = rng.randrange(1, 2**31)
+        seeds.append(s - s % len(kinds) + order[i % len(kinds)])
+    return seeds
+
+
+def plan_run(seed: int, kinds: tuple[str, ...]) -> list[Injection]:
+    rng = random.Random(seed)
+    chosen = [kinds[seed % len(kinds)]]
+    for _ in range(rng.choice((0, 0, 1, 1, 2))):
+        kind = rng.choice(kinds)
+        # one hang and one full disk a run: a second hang is stopped by design ("it hung again")
+        if kind in ("freeze", "disk_full") and kind in chosen:
+            continue
+        chosen.append(kind)
+    plan = [_injection(rng, kind) for kind in chosen]
+    plan.sort(key=lambda inj: inj.at_step)
+    return plan
+
+
+def _injection(rng: random.Random, kind: str) -> Injection:
+    moments = {"kill_trainer": (("save", 0.4), ("launch", 0.1)), "kill_supervisor": (("save", 0.2), ("launch", 0.2)),
+               "disk_full": (("save", 0.7),)}.get(kind, ())
+    draw, moment = rng.random(), "step"
+    for name, share in moments:
+        if draw < share:
+            moment = name
+            break
+        draw -= share
+    inj = Injection(kind, rng.uniform(1.0, STEPS - 0.5), moment)
+    if moment == "save":
+        inj.save = rng.choice([str(s) for s in range(SAVE_EVERY, STEPS + 1, SAVE_EVERY)] + ["last"])
+        inj.at_step = (STEPS if inj.save == "last" else int(inj.save)) - 1.0
+    elif moment == "launch":
+        inj.delay = rng.uniform(0.1, 2.5)
+    if kind == "kill_supervisor":
+        inj.restart_delay = rng.uniform(0.0, 7.0)
+    elif kind == "disk_full":
+        inj.free_bytes = rng.randrange(0, 40_000)
+    elif kind == "edit":
+        if rng.random() < 0.5:
+            inj.target = f"img{rng.randrange(8):02d}.txt"
+            inj.text = " ".join(rng.choice(WORDS) for _ in range(rng.randrange(2, 7))) + "\n"
+        else:
+            inj.target = "prompts"
+            inj.text = f"{' '.join(rng.choice(WORDS) for _ in range(3))} --w 16 --h 16 --d {rng.randrange(99)} --s 2\n"
+    return inj
