@@ -33,15 +33,19 @@ from . import __version__
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="trainsup", description="Supervise kohya-style training runs.")
+    parser = argparse.ArgumentParser(prog="trainsup", description="Supervise training runs (sd-scripts, LitGPT, "
+                                     "any command): recognise faults, resume from the last safe state.")
     parser.add_argument("--version", action="version", version=f"trainsup {__version__}")
     sub = parser.add_subparsers(dest="verb", required=True)
     run = sub.add_parser("run", help="launch a training command and bring it back from known faults",
-                         usage="trainsup run [--policy FILE] [--run-dir DIR] [--quiet] -- COMMAND...\n"
+                         usage="trainsup run [--policy FILE] [--trainer NAME] [--run-dir DIR] [--quiet] "
+                               "-- COMMAND...\n"
                                "       trainsup run --project NAME_OR_FILE [--run-dir DIR] [--quiet]")
     run.add_argument("--policy", type=Path, help="YAML policy (see config.example.yaml)")
     run.add_argument("--project", metavar="NAME_OR_FILE", help="run a project file (its command, "
                      "environment and policy); a name is looked up in the projects directory")
+    run.add_argument("--trainer", metavar="NAME", help="the trainer adapter to use (kohya, litgpt, command, ...; "
+                     "default: the one that recognises the command)")
     run.add_argument("--run-dir", type=Path, help="where logs and the journal go "
                      "(default: OUTPUT_DIR/.trainsup, or ./.trainsup)")
     run.add_argument("--quiet", action="store_true", help="do not pass the trainer's output through")
@@ -294,9 +298,9 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     from .run.project import ProjectError, find_project, load_project
 
     if args.project is not None:
-        if [a for a in args.command if a != "--"] or args.policy is not None:
-            print("trainsup run: error: --project takes the command and the policy from the project file; "
-                  "give no command after -- and no --policy", file=sys.stderr)
+        if [a for a in args.command if a != "--"] or args.policy is not None or args.trainer is not None:
+            print("trainsup run: error: --project takes the command, the policy and the trainer from the project "
+                  "file; give no command after --, no --policy and no --trainer", file=sys.stderr)
             return 2
         try:
             project = load_project(find_project(args.project))
@@ -315,7 +319,8 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         except PolicyError as exc:
             print(f"trainsup run: error: {exc}", file=sys.stderr)
             return 2
-        spec = RunSpec(tuple(command), Path.cwd(), args.run_dir, dict(os.environ), not args.quiet, args.policy)
+        spec = RunSpec(tuple(command), Path.cwd(), args.run_dir, dict(os.environ), not args.quiet, args.policy,
+                       trainer=args.trainer)
     from .service.reporting import listeners_for  # notify: and metrics: (nothing when they are off)
 
     supervisor = Supervisor(spec, policy, listeners=listeners_for(policy, os.environ))

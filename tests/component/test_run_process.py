@@ -14,7 +14,7 @@ import psutil
 
 from tests.conftest import CHILDREN, ROOT, run_trainsup, trainsup_cmd, wait_until
 
-CHILD = str(CHILDREN / "noisy_trainer.py")
+CHILD = str(CHILDREN / "train_network.py")
 
 
 def events(run_dir: Path) -> list[dict]:

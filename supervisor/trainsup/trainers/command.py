@@ -5,7 +5,8 @@ hang detection on silence (every line the command prints shows it alive), GPU re
 ``status``, notifications and metrics. Every attempt relaunches the same command unchanged (a
 trainer that resumes by itself, like ``--resume_from_checkpoint latest``, then resumes); only an
 environment variable can be set by a remedy, and every other rung is skipped (the journal says so).
-Success is exit 0. It scores lowest, so any adapter that knows the command wins over it.
+Success is exit 0. It scores lowest, so any adapter that knows the command wins over it. ``trainsup
+doctor`` says in one information line that nothing trainer-specific is checked.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from ..faults import remedies
 from ..faults.remedies import Action, Rung
 from ..record.journal import Journal
 from ..record.ledger import Ledger, StateRecord
-from .base import ArgvPlan, Plan, Say, Setup, TrainerRun, apply_env, restart_with_same_settings
+from .base import ArgvPlan, Finding, Plan, Say, Setup, TrainerRun, apply_env, restart_with_same_settings
 from .interpreter import trainer_python
 
 NOTE = ("no adapter knows this command: trainsup restarts it unchanged after a crash (it resumes only "
         "if the command resumes by itself) and detects hangs on silence; a project's `trainer:` section "
         "can describe its states")
+DOCTOR = ("no adapter knows this command: trainsup supervises it without trainer knowledge (restarts after a "
+          "crash, hangs on silence, GPU reclaim); its flags and files are not checked")
 
 
 class NoStates:
@@ -59,12 +62,30 @@ class NoStates:
         return None
 
 
+# Flags that name where a command writes, in the spellings trainers use: the run dir goes beside them.
+OUTPUT_FLAGS = ("--output_dir", "--output-dir", "--out_dir", "--out-dir")
+
+
+def output_dir_of(argv: Sequence[str], cwd: Path) -> Path | None:
+    """The directory the command's own output flag names (its last value), relative to ``cwd``."""
+    found: str | None = None
+    for i, token in enumerate(argv):
+        name, eq, value = token.partition("=")
+        if name in OUTPUT_FLAGS:
+            found = value if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    if not found:
+        return None
+    path = Path(found).expanduser()
+    return path if path.is_absolute() else cwd / path
+
+
 class CommandRun(TrainerRun):
     family = "command"
 
     def __init__(self, setup: Setup) -> None:
         super().__init__()
         self.plan = ArgvPlan(list(setup.argv))
+        self.output_dir = output_dir_of(setup.argv, setup.cwd)
         self.notes = [NOTE]
 
     def bind(self, run_dir: Path, ledger: Ledger, journal: Journal, say: Say) -> None:
@@ -89,6 +110,9 @@ class CommandRun(TrainerRun):
     def python(self, env: Mapping[str, str]) -> str | None:
         assert isinstance(self.plan, ArgvPlan)
         return trainer_python(self.plan.argv, dict(env))
+
+    def doctor(self, env: Mapping[str, str]) -> list[Finding]:
+        return [Finding("info", "trainer", DOCTOR)]
 
 
 class CommandFamily:

@@ -39,6 +39,7 @@ from .base import (
     apply_env,
     restart_with_same_settings,
 )
+from .command import output_dir_of
 from .interpreter import trainer_python
 from .stepstates import StepStates
 
@@ -104,6 +105,7 @@ class DeclarativeRun(TrainerRun):
                              f"{', '.join(KEYS)}")
         self.cwd = setup.cwd
         self.plan = ArgvPlan(list(setup.argv))
+        self.output_dir = output_dir_of(setup.argv, setup.cwd)
         self.glob = section.get("states")
         if self.glob is not None and (not isinstance(self.glob, str) or not self.glob):
             raise UsageError(f"trainer.states: expected a glob such as out/checkpoint-*, got {self.glob!r}")

@@ -1,5 +1,6 @@
 """Owns sd-scripts (and musubi-tuner) behind the trainer contract: recognising its scripts, the
-first launch plan, the resume arguments and output names of each attempt, the remedy ladders.
+first launch plan, the resume arguments and output names of each attempt, the remedy ladders, and
+``trainsup doctor``'s checks (``doctor``, ``doctor_checks``).
 
 An attempt that resumes, or that starts over after an earlier attempt of this run wrote files,
 writes under its own ``--output_name`` (``NAME-trainsupN``): kohya labels post-resume saves with
@@ -9,6 +10,7 @@ state to its absolute step; the final weights are published where the user's com
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,8 +20,10 @@ from ...faults.remedies import Action, Rung
 from ...record.journal import Journal
 from ...record.ledger import Ledger, StateRecord
 from ..base import Finding, Notice, Plan, Say, Setup, TrainerRun
-from ..cmdline import find_script
+from ..cmdline import TrainerCommand, find_script
 from ..interpreter import trainer_python
+from . import doctor as kohya_doctor
+from .doctor_checks import CommandView, load_view
 from .inputs import KohyaInputs
 from .output import KohyaOutput
 from .plan import LaunchPlan, apply_action, upgrade_spec
@@ -34,6 +38,7 @@ _TELLTALE = ("--pretrained_model_name_or_path", "--network_module", "--dataset_c
 class KohyaRun(TrainerRun):
     family = "kohya"
     plan: LaunchPlan
+    doctor_packages = kohya_doctor.PACKAGES
 
     def __init__(self, setup: Setup) -> None:
         super().__init__()
@@ -46,6 +51,7 @@ class KohyaRun(TrainerRun):
             self.settings_unknown = True
             self.notes.append(f"--config_file {config} is not readable here: flags set in it are unknown")
         self.cwd, self.settings = setup.cwd, setup.settings
+        self.given = tuple(setup.argv)  # doctor judges the command as the user gave it
         self.output = KohyaOutput()
 
     @property
@@ -111,8 +117,16 @@ class KohyaRun(TrainerRun):
                       "(its epochs are not whole); choose max_train_steps as a multiple of the steps per epoch",
                       {"extra_steps": extra})
 
+    @functools.cached_property
+    def doctor_view(self) -> CommandView:
+        """The flags and files as the trainer will see them (read once, for doctor)."""
+        return load_view(TrainerCommand.parse(list(self.given)), self.cwd)
+
     def doctor(self, env: Mapping[str, str]) -> list[Finding]:
-        return []  # the kohya checks are still in commands/doctor_checks (being moved here)
+        return kohya_doctor.findings(self.doctor_view, self.doctor_facts)
+
+    def state_size(self) -> tuple[float, str] | None:
+        return kohya_doctor.state_size(self.doctor_view)
 
 
 class KohyaFamily:

@@ -1,4 +1,5 @@
-"""A small stand-in trainer without torch, for process-behaviour tests. Ignores the flags it gets.
+"""A small stand-in for a kohya script without torch (named train_network.py so trainsup takes it for
+sd-scripts), for process-behaviour tests. Ignores the flags it gets.
 
 Modes (first argument): longline N_MB | binary N_MB | fail MESSAGE | crash MESSAGE | hang PIDFILE | ok
 | warned ok|killed (an import-time warning naming a missing module, two steps, then success or SIGKILL)
