@@ -46,6 +46,7 @@ from .takeover import forget_trainer, record_trainer, take_over
 CHILD_ENV_DEFAULTS = {"COLUMNS": "250", "PYTHONUNBUFFERED": "1"}
 SUPERVISOR_ONLY_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", INHERITED_FD)  # trainsup's alone
 STATUS_INTERVAL_S = 0.25
+STATES_INTERVAL_S = 0.5  # how often to look on disk for new states when the trainer does not announce them
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class Supervisor:
         self.state = RunState.STARTING
         self.stop_signal: int | None = None
         self._status_written = float("-inf")
+        self._states_looked = float("-inf")
         self.rules = compose_rules(policy.rules)  # user rules first; an extended built-in replaced in place
         self._live = {r.id for r in self.rules if r.live}
 
@@ -237,9 +239,9 @@ class Supervisor:
         if r.fault == "fp8_serializer" and r.obs.saving_state_label is not None:
             self.points.mark_failed_save(r.obs.saving_state_label)
         # The bar may lag its last redraw; a state this attempt saved proves how far it got.
-        trained = max(r.obs.progress.step if r.obs.progress else 0, self.points.steps_proven())
+        trained = max(self._trained(r.obs.progress.step) if r.obs.progress else 0, self.points.steps_proven())
         self._status(step=self.resume_step + trained)  # progress snapshots are throttled
-        self.nan_abs_step = None if r.nan_progress_step is None else self.resume_step + r.nan_progress_step
+        self.nan_abs_step = None if r.nan_progress_step is None else self._absolute(r.nan_progress_step)
         if self.nan_abs_step is not None:
             self.points.mark_tainted(self.nan_abs_step)  # saved at or after the NaN: never a resume point
         ev = r.evidence
@@ -270,12 +272,24 @@ class Supervisor:
     # --- live hooks ------------------------------------------------------------------------------
     def _on_progress(self, progress: Progress) -> None:
         now = self.clock()
+        if not self.trainer.output.announces_states and now - self._states_looked >= STATES_INTERVAL_S:
+            # No line says when a state is complete: look on disk as training goes on.
+            self._states_looked = now
+            self._on_state_done(None, None)
         if now - self._status_written < STATUS_INTERVAL_S and progress.step < progress.total:
             return  # a snapshot a few times a second is plenty; the bar may redraw far more often
         self._status_written = now
         loss = None if progress.loss is None or math.isnan(progress.loss) else progress.loss
-        self._status(step=self.resume_step + progress.step, total=self.trainer.total_steps or progress.total,
+        self._status(step=self._absolute(progress.step), total=self.trainer.total_steps or progress.total,
                      loss=loss, rate=progress.rate)
+
+    def _absolute(self, step: int) -> int:
+        """The true step of a step the trainer printed (kohya counts from its resume point)."""
+        return step if self.trainer.output.absolute_steps else self.resume_step + step
+
+    def _trained(self, step: int) -> int:
+        """Steps this attempt trained, by a step the trainer printed."""
+        return max(0, self._absolute(step) - self.resume_step)
 
     def _on_evidence(self, evidence: Evidence) -> None:
         if evidence.fault in self._live:
@@ -284,7 +298,7 @@ class Supervisor:
 
     def _on_hang(self, pid: int, idle_s: float, clock: HangClock, obs: Observations) -> Evidence:
         self.hangs += 1
-        step = None if clock.step is None else self.resume_step + clock.step
+        step = None if clock.step is None else self._absolute(clock.step)
         return take_hang_stacks(self.hangs, pid, idle_s, clock, step, self.gpu.utilization(), self.run_dir,
                                 self.journal, self.say, self.attempt_no, obs)
 
@@ -296,9 +310,10 @@ class Supervisor:
             self.journal.event("warning", attempt=self.attempt_no, **notice.fields, message=notice.message)
             self.say(notice.console)
 
-    def _on_state_done(self, path: str | None, obs: Observations) -> None:
+    def _on_state_done(self, path: str | None, obs: Observations | None) -> None:
         only = self.spec.cwd / path if path and (self.spec.cwd / path).is_dir() else None  # None: look at all
-        self._on_summary(obs)
+        if obs is not None:
+            self._on_summary(obs)
         new = self.points.collect(only)
         if self.stop_at_checkpoint and new:
             self.stop_at_checkpoint = False

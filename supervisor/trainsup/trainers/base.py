@@ -12,7 +12,9 @@ only the trainer knows:
 - the remedy ladders in the trainer's own terms (``ladder``, ``apply``) and fault rules of its own;
 - its output (``output``, an ``OutputFormat``): progress, saved-state and success lines, phases;
 - the inputs to watch and how an edit applies (``inputs``);
-- doctor checks.
+- doctor checks (``doctor``), given what ``trainsup doctor`` found outside the trainer
+  (``doctor_facts``: the interpreter's versions of ``doctor_packages``, the script's exact flags
+  when known), and a saved state's estimated size (``state_size``) for the free-space check.
 
 Families are found through the ``trainsup.trainers`` entry-point group (``registry``), so a
 trainer's own package can ship one. ``run/`` imports this module and the registry, never an adapter.
@@ -77,6 +79,20 @@ class Finding:
 
 
 @dataclass(frozen=True)
+class DoctorFacts:
+    """What ``trainsup doctor`` found outside the adapter, set as ``TrainerRun.doctor_facts`` before
+    it calls ``TrainerRun.doctor``."""
+
+    python: str | None = None  # the trainer's interpreter, when it was found and answered
+    # its versions of ``torch`` and ``TrainerRun.doctor_packages`` (None: not installed); empty when
+    # there is no ``python``
+    versions: Mapping[str, str | None] = field(default_factory=dict)
+    # The script's exact flags, when doctor has its argument parser (a stand-in trainer bundled with
+    # trainsup, the demo); None: the adapter's own knowledge of the script decides.
+    script_flags: frozenset[str] | None = None
+
+
+@dataclass(frozen=True)
 class Notice:
     """A warning of the trainer's: journaled (``warning`` with ``fields``) and said on the console."""
 
@@ -118,6 +134,8 @@ class OutputFormat:
     # (marker, phase): a line holding the marker starts a phase that prints but moves no step
     phase_starts: tuple[tuple[str, str], ...] = ()
     any_line_is_activity = True  # no progress to go by: every line shows the trainer is alive
+    announces_states = False  # False: no line says a state is complete; the engine looks on disk
+    absolute_steps = True  # the printed step is the true step (False: counted from the resume point)
 
     def progress(self, line: str) -> Progress | None:
         return None
@@ -249,9 +267,21 @@ class TrainerRun(ABC):
         return action.name
 
     # --- doctor ------------------------------------------------------------------------------------
+    # The packages whose versions doctor asks the trainer's interpreter for (besides torch), for this
+    # adapter's checks. Empty: the trainer need not even be Python, so an interpreter that cannot be
+    # found or asked is information, not a warning.
+    doctor_packages: tuple[str, ...] = ()
+    doctor_facts: DoctorFacts = DoctorFacts()  # set by ``trainsup doctor`` before it calls ``doctor``
+
     def doctor(self, env: Mapping[str, str]) -> list[Finding]:
-        """Preflight findings on the command and the files it names (reading files only)."""
+        """Preflight findings on the command and the files it names (reading files only), and on
+        ``doctor_facts`` (the interpreter's package versions, the script's exact flags)."""
         return []
+
+    def state_size(self) -> tuple[float, str] | None:
+        """One saved state's estimated size in bytes, and how it was estimated in words (``doctor``
+        weighs it against the free space in ``output_dir``); None when it cannot be told."""
+        return None
 
 
 class TrainerFamily(Protocol):

@@ -63,7 +63,7 @@ class NoStates:
 
 
 # Flags that name where a command writes, in the spellings trainers use: the run dir goes beside them.
-OUTPUT_FLAGS = ("--output_dir", "--output-dir", "--out_dir", "--out-dir")
+OUTPUT_FLAGS = ("--output_dir", "--output-dir", "--out_dir", "--out-dir", "--out")
 
 
 def output_dir_of(argv: Sequence[str], cwd: Path) -> Path | None:

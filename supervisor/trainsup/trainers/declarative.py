@@ -77,6 +77,7 @@ class DeclaredOutput(OutputFormat):
         self.pattern, self.success, self.total = progress, success, total
         self.progress_hint = "" if progress is not None else None  # every line may carry progress
         self.any_line_is_activity = progress is None
+        self.bookkeeping = success  # only lines that may be the success line reach is_success
 
     def progress(self, line: str) -> Progress | None:
         m = self.pattern.search(line) if self.pattern is not None else None
@@ -146,11 +147,11 @@ class DeclarativeRun(TrainerRun):
         found = []
         base = self.cwd if not Path(self.glob).is_absolute() else Path("/")
         pattern = self.glob if not Path(self.glob).is_absolute() else self.glob.lstrip("/")
-        for path in sorted(base.glob(pattern)):
+        for path in base.glob(pattern):
             m = (self.step_re or _LAST_NUMBER).search(path.name)
             if m is not None:
                 found.append((path.resolve(), int(m.group(1))))
-        return found
+        return sorted(found, key=lambda f: f[1])
 
     def _check(self, path: Path) -> str:
         if not path.exists():

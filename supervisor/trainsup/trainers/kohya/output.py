@@ -19,6 +19,8 @@ class KohyaOutput(OutputFormat):
     phase_starts = (("generating sample images", "sampling"), ("saving checkpoint: ", "saving"),
                     ("saving state at step", "saving"))
     any_line_is_activity = False
+    absolute_steps = False  # its bar counts from where a resume started
+    announces_states = True  # accelerate's `Random states saved in ...`: the state's last file
 
     def progress(self, line: str) -> matchers.Progress | None:
         return matchers.parse_progress(line)

@@ -1,0 +1,53 @@
+"""A trainer of its own shape (not kohya's, not LitGPT's), for the command and declarative adapters.
+
+    python own_shape_trainer.py --out DIR --steps N --every K [--from STATE_DIR]
+
+It trains N steps of a deterministic toy "weight" (so a resumed run ends with exactly the weight of
+an uninterrupted one), prints ``[step S/N] loss=L`` per step, saves ``DIR/ckpt-S/`` every K steps
+(``weight.json`` first, then, 0.2 s later, ``done.marker``: a kill in between leaves a partial
+state), resumes from ``--from``, writes ``DIR/final.json`` and prints ``all done``.
+``OWN_SHAPE_DIE_IN_SAVE=S`` dies (exit 1) half-way through the save of step S, once: it leaves
+``DIR/.died`` so that the next launch saves normally.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--out", required=True)
+parser.add_argument("--steps", type=int, required=True)
+parser.add_argument("--every", type=int, required=True)
+parser.add_argument("--from", dest="resume")
+parser.add_argument("--step-seconds", type=float, default=0.05)
+args = parser.parse_args()
+out = Path(args.out)
+out.mkdir(parents=True, exist_ok=True)
+
+step, weight = 0, 1.0
+if args.resume:
+    state = json.loads((Path(args.resume) / "weight.json").read_text())
+    step, weight = state["step"], state["weight"]
+    print(f"resuming from {args.resume} at step {step}", flush=True)
+
+die_at = int(os.environ.get("OWN_SHAPE_DIE_IN_SAVE", "0"))
+while step < args.steps:
+    time.sleep(args.step_seconds)
+    step += 1
+    weight = weight * 0.97 + step * 1e-3  # depends on every step before it, in order
+    print(f"[step {step}/{args.steps}] loss={weight:.6f}", flush=True)
+    if step % args.every == 0:
+        ckpt = out / f"ckpt-{step}"
+        ckpt.mkdir(exist_ok=True)
+        (ckpt / "weight.json").write_text(json.dumps({"step": step, "weight": weight}))
+        if step == die_at and not (out / ".died").exists():
+            (out / ".died").write_text("")
+            print("Traceback (most recent call last):\nRuntimeError: the save broke half-way", file=sys.stderr)
+            sys.exit(1)
+        time.sleep(0.2)
+        (ckpt / "done.marker").write_text("")
+(out / "final.json").write_text(json.dumps({"step": step, "weight": weight}))
+print("all done", flush=True)
