@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import struct
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -35,8 +35,9 @@ def write_safetensors(path: Path, tensors: dict[str, tuple[str, tuple[int, ...]]
 
 
 def versions(**v: str | None) -> Callable[..., Probe]:
-    def probe(python: str, env: Mapping[str, str] | None = None) -> Probe:
-        return Probe(python, {"torch": "2.13.0", "safetensors": "0.4.5", "accelerate": "1.6.0", **v})
+    def probe(python: str, packages: Sequence[str] = (), env: Mapping[str, str] | None = None) -> Probe:
+        installed = {"torch": "2.13.0", "safetensors": "0.4.5", "accelerate": "1.6.0", **v}
+        return Probe(python, {name: installed.get(name) for name in packages})
     return probe
 
 
@@ -196,3 +197,21 @@ def test_the_trainers_environment(kohya: Path) -> None:
                     gpu_probe=lambda: gpu.NullProbe("x"), disk_free=lambda _p: GIB)
     assert next(f.id for f in report.findings if f.severity == "blocker") == "launcher_not_found"
     assert report.exit_code == 2 and report.python is None
+
+
+def test_a_command_no_adapter_knows_gets_the_interpreter_the_gpu_and_one_line_saying_so(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print('training')\n")
+    findings, text = run(tmp_path, "train.py", "--lr", "1e-4")
+    assert findings == []
+    assert f"INFO python: {sys.executable}: torch 2.13.0" in text
+    assert "INFO trainer: no adapter knows this command: trainsup supervises it without trainer knowledge" in text
+    assert "INFO gpu: " in text and text.endswith("0 blocker(s), 0 warning(s)")
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/sh\necho training\n")
+    script.chmod(0o755)
+    report = doctor([str(script)], tmp_path, {"PATH": "/usr/bin:/bin"}, gpu_probe=lambda: gpu.NullProbe("x"),
+                    probe=versions(), disk_free=lambda _p: GIB)
+    # a shell script names no python: that is information here, where no check needs its packages
+    assert [(f.severity, f.id) for f in report.findings] == [("info", "python_unknown"), ("info", "trainer"),
+                                                              ("info", "gpu")]
+    assert report.exit_code == 0 and report.python is None

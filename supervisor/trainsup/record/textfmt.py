@@ -1,17 +1,18 @@
-"""Owns how trainsup words a duration and a run's progress, the same on every surface: ``trainsup
-status``, systemd's ``Status:`` line (``run.sdnotify``), notifications (``service.notices``).
+"""Owns how trainsup words a duration, a size and a run's progress, the same on every surface:
+``trainsup status``, systemd's ``Status:`` line (``run.sdnotify``), notifications (``service.notices``),
+``trainsup doctor`` and the adapters' doctor checks.
 
 ``format_duration`` gives ``42s``, ``16m56s``, ``3h02m``, ``2d03h``; ``progress_parts`` gives
 ``step 1240/2000``, ``loss 0.0912``, ``1.85 it/s``, ``eta 6m51s`` (each part only when known), which
 the caller joins with its own separator. Both take the values as a status snapshot holds them
-(JSON), so anything that is not a number is unknown.
+(JSON), so anything that is not a number is unknown. ``format_size`` gives ``28.9 KiB``, ``77.6 GiB``.
 """
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["eta_seconds", "format_duration", "progress_parts"]
+__all__ = ["eta_seconds", "format_duration", "format_size", "progress_parts"]
 
 
 def format_duration(seconds: float) -> str:
@@ -24,6 +25,14 @@ def format_duration(seconds: float) -> str:
     if s < 86400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def format_size(n: float) -> str:
+    """``77.6 GiB``, ``28.9 KiB``, ``512 B``: binary units, one decimal."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
 
 
 def eta_seconds(step: object, total: object, rate: object) -> float | None:

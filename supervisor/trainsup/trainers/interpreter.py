@@ -3,8 +3,9 @@ and upgrading a package inside it.
 
 The trainer often runs in its own venv, reached through ``accelerate launch`` or a venv's launch
 script; the supervisor's interpreter is not the trainer's. The interpreter is the command's first
-token when that is a python, else the ``#!`` line of the launcher script (``accelerate``,
-``venv/bin/accelerate``).
+token when that is a python, else the python the ``#!`` line of the launcher script names
+(``accelerate``, ``venv/bin/accelerate``); a script whose ``#!`` names no python (a shell script)
+has none that can be told.
 
 Versions are asked in a subprocess: a tiny ``-c`` script reads ``importlib.metadata`` (nothing is
 imported, so it answers in a fraction of a second even where importing torch takes ten) and prints
@@ -48,8 +49,16 @@ def trainer_python(launcher: list[str], env: dict[str, str] | None = None) -> st
     if not parts:
         return None
     if os.path.basename(parts[0]) == "env" and len(parts) > 1:
-        return shutil.which(parts[1], path=path_var)
-    return parts[0]
+        parts = [p for p in parts[1:] if not p.startswith("-")][:1] or [""]
+        if not _looks_python(parts[0]):
+            return None
+        return shutil.which(parts[0], path=path_var)
+    return parts[0] if _looks_python(parts[0]) else None  # a shell script is not run by a Python
+
+
+def _looks_python(path: str) -> bool:
+    name = os.path.basename(path)
+    return "python" in name or "pypy" in name
 
 
 def upgrade_command(python: str, spec: str) -> list[str]:

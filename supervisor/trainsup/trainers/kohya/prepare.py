@@ -42,7 +42,7 @@ def prepare(argv: list[str], cwd: Path, policy: Settings, rng: random.Random | N
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if as_given:
-        return _as_given(command)
+        return _as_given(command, cwd)
     config_path = command.get("config_file")
     if config_path and not config_path.endswith(".toml"):
         config_path += ".toml"  # kohya appends it the same way
@@ -95,16 +95,18 @@ def prepare(argv: list[str], cwd: Path, policy: Settings, rng: random.Random | N
     return Prepared(plan, output_dir, output_name, max_steps, user_resume, notes)
 
 
-def _as_given(command: TrainerCommand) -> Prepared:
-    """The command exactly as given (``diagnose``): its --config_file is read when it exists here;
-    otherwise only the command line is known."""
+def _as_given(command: TrainerCommand, cwd: Path) -> Prepared:
+    """The command exactly as given (``diagnose``, ``doctor``): its --config_file is read when it
+    exists here; otherwise only the command line is known. The output dir is resolved from ``cwd``."""
     config = command.get("config_file")
     plan = LaunchPlan(command, {}, set())
     if config:
+        if not config.endswith(".toml"):
+            config += ".toml"  # kohya appends it the same way
         path = Path(config).expanduser()
         try:
-            plan = LaunchPlan(command, {}, set(), path, tomlio.read_toml(path))
+            plan = LaunchPlan(command, {}, set(), path, tomlio.read_toml(_resolve(config, cwd)))
         except (tomlio.ConfigFileError, OSError):
             pass  # not on this machine (or broken)
-    out, name = command.get("output_dir"), command.get("output_name")
-    return Prepared(plan, Path(out) if out else None, name, KOHYA_DEFAULT_MAX_STEPS, None)
+    out, name = plan.value("output_dir"), command.get("output_name")
+    return Prepared(plan, _resolve(str(out), cwd) if out else None, name, KOHYA_DEFAULT_MAX_STEPS, None)

@@ -1,29 +1,31 @@
-"""Owns the preflight checks of a kohya command line and the files it names (``trainsup doctor``).
+"""Owns the preflight checks of a kohya command line and the files it names (``trainsup doctor``
+through ``KohyaRun.doctor``; ``doctor`` puts them together with the version checks).
 
 Everything here reads files only: flags the script does not have, fp8 flags without mixed
 precision, text-encoder caching with caption dropout/shuffle, missing model, dataset, prompt and
 config files, model dtypes (safetensors headers, no tensor loaded) and the resume point.  What
-needs a subprocess or the GPU (the trainer's package versions, NVML) is in ``doctor``.
+needs a subprocess or the GPU (the trainer's package versions, NVML) ``trainsup doctor`` finds and
+hands over (``DoctorFacts``).
 
 kohya reads ``--config_file`` flattened with the command line winning, and the dataset config
 with subset > dataset > general > command line; the checks see the values the trainer will see.
+``load_view`` reads the config file and the model headers once; the checks only judge the view.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from ..trainers.cmdline import TrainerCommand, find_script
-from ..trainers.kohya import tomlio
-from ..trainers.kohya.profile import ScriptInfo, script_info
-from ..trainers.kohya.states import check_state
-from ..trainers.kohya.sthead import Header, HeaderError, float8_dtypes, load_header
+from ..base import Finding
+from ..cmdline import TrainerCommand, find_script
+from . import tomlio
+from .profile import ScriptInfo, script_info
+from .states import check_state
+from .sthead import Header, HeaderError, float8_dtypes, load_header
 
-__all__ = ["CommandView", "Finding", "check_command", "load_view"]
-
-Severity = Literal["blocker", "warning", "info"]
+__all__ = ["CommandView", "check_command", "load_view"]
 
 # Flags that exist in no kohya script, with what to use instead.
 NOWHERE = {
@@ -42,14 +44,6 @@ CAPTION_AUGMENTATIONS = ("shuffle_caption", "caption_dropout_rate", "caption_tag
                          "caption_dropout_every_n_epochs", "token_warmup_step")
 
 
-@dataclass(frozen=True)
-class Finding:
-    severity: Severity
-    id: str
-    message: str
-    fix: str = ""
-
-
 @dataclass
 class CommandView:
     """The flags the trainer will see: command line over ``--config_file``; paths from ``cwd``."""
@@ -58,6 +52,8 @@ class CommandView:
     cwd: Path
     config: dict[str, Any] = field(default_factory=dict)
     models: dict[str, Header] = field(default_factory=dict)  # readable safetensors model files, by flag
+    config_findings: list[Finding] = field(default_factory=list)  # --config_file unreadable
+    model_findings: list[Finding] = field(default_factory=list)  # model files missing, unreadable, on the Hub
 
     @property
     def info(self) -> ScriptInfo:
@@ -94,25 +90,27 @@ def _on(value: object) -> bool:
     return True
 
 
-def load_view(command: TrainerCommand, cwd: Path) -> tuple[CommandView, list[Finding]]:
+def load_view(command: TrainerCommand, cwd: Path) -> CommandView:
+    """The flags and files as the trainer will see them: ``--config_file`` and the model headers read."""
     view = CommandView(command, cwd)
     path = view.path("config_file")
-    if path is None:
-        return view, []
-    if not path.name.endswith(".toml"):
-        path = path.with_name(path.name + ".toml")  # as kohya does (train_util.read_config_from_file)
-    try:
-        view.config = tomlio.flat_keys(tomlio.read_toml(path))
-    except (tomlio.ConfigFileError, OSError) as exc:
-        return view, [Finding("blocker", "config_file", f"--config_file {exc}",
-                              "give an existing, valid TOML file")]
-    return view, []
+    if path is not None:
+        if not path.name.endswith(".toml"):
+            path = path.with_name(path.name + ".toml")  # as kohya does (train_util.read_config_from_file)
+        try:
+            view.config = tomlio.flat_keys(tomlio.read_toml(path))
+        except (tomlio.ConfigFileError, OSError) as exc:
+            view.config_findings.append(Finding("blocker", "config_file", f"--config_file {exc}",
+                                                "give an existing, valid TOML file"))
+    view.model_findings = _read_models(view)
+    return view
 
 
-def check_command(view: CommandView, demo_flags: frozenset[str] | None) -> list[Finding]:
-    """Every check of this module, in the order they are reported."""
-    return [*_script(view), *_flags(view, demo_flags), *_fp8_flags(view), *_models(view), *_dataset(view),
-            *_prompts(view), *_resume_state(view), *_resume_point(view)]
+def check_command(view: CommandView, script_flags: frozenset[str] | None) -> list[Finding]:
+    """Every check of this module, in the order they are reported (the config file's own finding
+    is ``view.config_findings``)."""
+    return [*_script(view), *_flags(view, script_flags), *_fp8_flags(view), *view.model_findings,
+            *_fp8_weights(view), *_dataset(view), *_prompts(view), *_resume_state(view), *_resume_point(view)]
 
 
 def _script(view: CommandView) -> list[Finding]:
@@ -125,7 +123,7 @@ def _script(view: CommandView) -> list[Finding]:
     return []
 
 
-def _flags(view: CommandView, demo_flags: frozenset[str] | None) -> list[Finding]:
+def _flags(view: CommandView, script_flags: frozenset[str] | None) -> list[Finding]:
     out = []
     script = view.command.script
     for name in dict.fromkeys(f.name for f in view.command.flags):
@@ -134,8 +132,8 @@ def _flags(view: CommandView, demo_flags: frozenset[str] | None) -> list[Finding
             why = NOWHERE[name]
         elif "-" in name:
             why = f"kohya's flags use underscores (--{name.replace('-', '_')})"
-        elif demo_flags is not None and name not in demo_flags:
-            why = f"the demo's {script} has no such flag"
+        elif script_flags is not None and name not in script_flags:
+            why = f"{script}'s own argument parser has no such flag"  # a stand-in's (the demo's)
         elif not view.info.has_flag(name):
             why = f"{script} ({view.info.kind} scripts) has no such flag"
         if why is not None:
@@ -159,7 +157,8 @@ def _looks_local(value: str) -> bool:
             or "\\" in value or value.count("/") != 1)
 
 
-def _models(view: CommandView) -> list[Finding]:
+def _read_models(view: CommandView) -> list[Finding]:
+    """Load the headers of the safetensors model files into ``view.models``; what is wrong with any."""
     out = []
     for name in MODEL_FLAGS:
         raw = view.value(name)
@@ -183,6 +182,11 @@ def _models(view: CommandView) -> list[Finding]:
                                    f"safetensors file ({exc})", "download or copy the file again"))
                 continue
             view.models[name] = header
+    return out
+
+
+def _fp8_weights(view: CommandView) -> list[Finding]:
+    out = []
     fp8_on = view.on("fp8_base") or view.on("fp8_base_unet")
     for name in BASE_MODEL_FLAGS:
         base = view.models.get(name)
