@@ -30,7 +30,7 @@ from ..faults.rules import BUILTIN_RULES, FaultRule, compose_rules
 from ..run.decide import select_rung, stops_at_once
 from ..trainers.base import Plan, Setup, TrainerRun, rung_applies
 from ..trainers.interpreter import upgrade_command
-from ..trainers.registry import open_run
+from ..trainers.registry import family_rules, open_run
 
 __all__ = ["Diagnosis", "diagnose_path", "diagnose_scan", "plan_remedy", "run_diagnose"]
 
@@ -233,7 +233,8 @@ def run_diagnose(paths: Sequence[str], *, as_json: bool, command: str | None, po
     except PolicyError as exc:
         print(f"trainsup diagnose: error: {exc}", file=err)
         return EXIT_UNREADABLE
-    rules = compose_rules(loaded.rules)  # user rules first, as trainsup run composes them
+    # User rules first, as trainsup run composes them; then every adapter's own, then the built-ins.
+    rules = compose_rules(loaded.rules, family_rules() + BUILTIN_RULES)
     argv = None
     if command is not None:
         try:

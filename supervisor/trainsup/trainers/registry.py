@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import Any
 
+from ..faults.rules import FaultRule
 from .base import Setup, TrainerFamily, TrainerRun, UsageError
 
 GROUP = "trainsup.trainers"
@@ -33,6 +34,17 @@ def families() -> dict[str, TrainerFamily]:
         raise UsageError("no trainer adapters are registered: install trainsup (pip install -e .) so its "
                          f"entry points ({GROUP}) exist")
     return found
+
+
+def family_rules() -> tuple[FaultRule, ...]:
+    """Every adapter's own fault rules (a family may offer ``rules()``): ``diagnose`` reads logs
+    whose trainer it may not know, so it tries them all before the built-in table."""
+    found: list[FaultRule] = []
+    for family in families().values():
+        rules = getattr(family, "rules", None)
+        if callable(rules):
+            found.extend(rules())
+    return tuple(found)
 
 
 def choose(argv: Sequence[str], trainer: str | Mapping[str, Any] | None = None) -> TrainerFamily:
