@@ -293,9 +293,10 @@ def _training_command(args: argparse.Namespace, verb: str) -> list[str] | None:
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
-    from .run.engine import RunSpec, Supervisor, install_signal_handlers
+    from .run.engine import Supervisor, install_signal_handlers
     from .run.policy import PolicyError, load_policy
     from .run.project import ProjectError, find_project, load_project
+    from .run.spec import RunSpec
 
     if args.project is not None:
         if [a for a in args.command if a != "--"] or args.policy is not None or args.trainer is not None:

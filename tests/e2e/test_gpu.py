@@ -20,8 +20,9 @@ from tests.conftest import ROOT
 from tests.e2e.demo_harness import FAST_POLICY, clean_env, demo_argv
 from tests.fakenvml import GIB, MIB, FakeNvml, Proc
 from trainsup.record.journal import read_events
-from trainsup.run.engine import RunSpec, Supervisor
+from trainsup.run.engine import Supervisor
 from trainsup.run.policy import parse_policy
+from trainsup.run.spec import RunSpec
 from trainsup.sensors import gpu
 
 GHOST_S = 3.0  # how long a dead trainer process stays listed with its memory

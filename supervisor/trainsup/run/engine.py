@@ -15,7 +15,6 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from ..faults.rules import BUILTIN_RULES, compose_rules
 from ..faults.scanner import Evidence, FaultScanner
 from ..record.journal import Journal, JournalListener
 from ..record.ledger import Ledger, StateRecord
-from ..record.runlock import INHERITED_FD, LockHeld, RunLock
+from ..record.runlock import LockHeld, RunLock
 from ..sensors import gpu
 from ..sensors.hang import HangClock
 from ..sensors.watch import FileWatcher
@@ -37,28 +36,14 @@ from .gpuguard import GpuGuard
 from .live import LiveControl
 from .observe import Observations
 from .policy import Policy
-from .project import Project
 from .remedy import Remedier
 from .runstate import RunState, check_transition
 from .sdnotify import Notifier, status_line
+from .spec import CHILD_ENV_DEFAULTS, SUPERVISOR_ONLY_ENV, RunSpec
 from .takeover import forget_trainer, record_trainer, take_over
 
-CHILD_ENV_DEFAULTS = {"COLUMNS": "250", "PYTHONUNBUFFERED": "1"}
-SUPERVISOR_ONLY_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", INHERITED_FD)  # trainsup's alone
 STATUS_INTERVAL_S = 0.25
 STATES_INTERVAL_S = 0.5  # how often to look on disk for new states when the trainer does not announce them
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    argv: tuple[str, ...]
-    cwd: Path
-    run_dir: Path | None = None
-    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
-    echo: bool = True  # pass the child's output through to our stdout/stderr
-    policy_path: Path | None = None  # watched: an edit of the policy applies to the running supervisor
-    project: Project | None = None  # run from a project file (policy_path is that file)
-    trainer: str | Mapping[str, Any] | None = None  # the adapter to use (a name, or a declarative section)
 
 
 class Supervisor:
