@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from trainsup.faults.linetext import clean_line
-from trainsup.faults.rules import BUILTIN_RULES, FAULT_IDS, FaultRule, compose_rules, load_user_rules
+from trainsup.faults.rules import BUILTIN_RULES, FAULT_IDS, FaultRule
 from trainsup.faults.scanner import (
     Evidence,
     ExitInfo,
@@ -24,6 +24,7 @@ from trainsup.faults.scanner import (
     classify_text,
     parse_child_status,
 )
+from trainsup.faults.userrules import compose_rules, load_user_rules
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 FIXTURES = sorted(LOGS.glob("*.log"))

@@ -26,7 +26,8 @@ from ..faults.linetext import strip_ansi
 from ..faults.logscan import LogScan, scan_file, scan_log
 from ..faults.remedies import NOT_RESTARTABLE, Action, Rung, stop
 from ..faults.remedies import ladder as builtin_ladder
-from ..faults.rules import BUILTIN_RULES, FaultRule, compose_rules
+from ..faults.rules import BUILTIN_RULES, FaultRule
+from ..faults.userrules import compose_rules
 from ..run.decide import select_rung, stops_at_once
 from ..trainers.base import Plan, Setup, TrainerRun, rung_applies
 from ..trainers.interpreter import upgrade_command

@@ -32,11 +32,13 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
+from .exits import SIGNAL_LINE, STATUS_LINE, TORCHRUN_LINE, ExitInfo, classify_exit, parse_child_status
 from .keys import KeyIndex
 from .keys import is_folded as _folded
 from .linetext import bar_tail, clean_line, rank_tag, starts_record, strip_ansi
 from .matchers import parse_progress
-from .rules import BUILTIN_RULES, IGNORED_LINE_PATTERNS, FaultRule, compose_rules, load_user_rules
+from .rules import BUILTIN_RULES, IGNORED_LINE_PATTERNS, FaultRule
+from .userrules import compose_rules, load_user_rules
 
 __all__ = [
     "Evidence",
@@ -55,9 +57,6 @@ _FRAME = re.compile(r'^File "([^"]*)", line \d+, in (.+)$')
 # Frames older than this many lines no longer describe the current message; the
 # slack lets two or three interleaved ranks print between frame and message.
 _FRAME_STALE_LINES = 12
-_STATUS = re.compile(r"returned non-zero exit status (-?\d+)")
-_SIGNAL = re.compile(r"died with <Signals\.SIG\w+: (\d+)>")
-_TORCHRUN = re.compile(r"^exitcode  +: (-?\d+)|\(exitcode: (-?\d+)\)")
 _IGNORED = tuple(re.compile(p) for p in IGNORED_LINE_PATTERNS)
 _TB, _FR, _ST = -1, -2, -3  # owners of the structural patterns in the key index
 _MAX_ROWS = 4  # rows of one wrapped message worth rejoining
@@ -82,17 +81,6 @@ class Evidence:
     live: bool = False  # the rule asks for action while the child runs (NaN loss)
 
 
-@dataclass(frozen=True)
-class ExitInfo:
-    """How an attempt ended, including the real child's status behind accelerate."""
-
-    exit_code: int | None
-    signal: int | None
-    child_status: int | None
-    child_signal: int | None
-    success_marker_seen: bool
-
-
 class FaultScanner:
     """Classifies one attempt's output line by line; use one scanner per attempt."""
 
@@ -109,7 +97,7 @@ class FaultScanner:
             for p in rule.patterns:
                 self._owner.append(i)
                 patterns.append(re.compile(p))
-        for owner, structural in ((_TB, _TRACEBACK), (_FR, _FRAME), (_ST, _STATUS), (_ST, _SIGNAL), (_ST, _TORCHRUN)):
+        for owner, structural in ((_TB, _TRACEBACK), (_FR, _FRAME), (_ST, STATUS_LINE), (_ST, SIGNAL_LINE), (_ST, TORCHRUN_LINE)):
             self._owner.append(owner)
             patterns.append(structural)
         self._patterns = patterns
@@ -375,45 +363,3 @@ def classify_text(lines: Iterable[str], rules: Sequence[FaultRule] = BUILTIN_RUL
             lineno += 1
             scanner.feed(line, lineno)
     return scanner.verdict
-
-
-def classify_exit(info: ExitInfo, verdict: Evidence | None) -> str | None:
-    """The fault id of a finished attempt, or None for a clean finish.
-
-    A run that exited 0 with the success marker (``model saved.``) has finished, whatever
-    it printed on the way; only a live fault (NaN loss) still counts.  Otherwise the
-    trainer's exception and live evidence win; then a SIGKILL of the process or of the
-    real child behind accelerate (which exits 1 and only prints the child's fate) means
-    the host OOM killer, over any line printed before it; then other evidence; any other
-    failure is ``unknown``.  Exit 0 is clean only with the success
-    marker: sd-scripts exits 0 after "No data found".
-    """
-    if exited_cleanly(info):
-        return verdict.fault if verdict is not None and verdict.live else None
-    killed = info.signal == 9 or info.exit_code in (137, -9) or info.child_signal == 9 or info.child_status in (137, -9)
-    if verdict is not None and (verdict.anchored or verdict.live or not killed):
-        return verdict.fault
-    if killed:
-        return "host_oom_killed"  # the kill ended the run, whatever was printed before it
-    return "unknown"  # any other failure, or exit 0 without the success marker
-
-
-def exited_cleanly(info: ExitInfo) -> bool:
-    """Exit 0 (and a clean child behind the launcher, if it said) with the success marker."""
-    return (info.success_marker_seen and info.signal is None and info.exit_code == 0
-            and info.child_signal is None and info.child_status in (None, 0))
-
-
-def parse_child_status(clean_line: str) -> tuple[int | None, int | None] | None:
-    """``(status, signal)`` of the child as accelerate or torchrun report it, else None."""
-    m = _STATUS.search(clean_line)
-    if m is not None:
-        return int(m.group(1)), None
-    m = _SIGNAL.search(clean_line)
-    if m is not None:
-        return None, int(m.group(1))
-    m = _TORCHRUN.search(clean_line)
-    if m is not None:
-        code = int(m.group(1) or m.group(2))
-        return (None, -code) if code < 0 else (code, None)
-    return None

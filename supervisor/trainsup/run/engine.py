@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from ..faults.matchers import Progress
-from ..faults.rules import BUILTIN_RULES, compose_rules
+from ..faults.rules import BUILTIN_RULES
 from ..faults.scanner import Evidence, FaultScanner
+from ..faults.userrules import compose_rules
 from ..record.journal import Journal, JournalListener
 from ..record.ledger import Ledger, StateRecord
 from ..record.runlock import LockHeld, RunLock
