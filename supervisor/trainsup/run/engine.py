@@ -115,6 +115,7 @@ class Supervisor:
         project = self.spec.project.name if self.spec.project else t.label or self.run_dir.name
         self.journal.event("run_start", argv=list(self.spec.argv), run_dir=str(self.run_dir),
                            policy=self.policy.source, project=project, trainer=t.family)
+        self._status(trainer=t.family)
         for note in t.notes:
             self.say(note)
             self.journal.event("plan_adjusted", note=note)
