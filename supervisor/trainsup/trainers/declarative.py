@@ -23,24 +23,20 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..faults import remedies
 from ..faults.matchers import Progress
-from ..faults.remedies import Action, Rung
 from ..record.journal import Journal
 from ..record.ledger import Ledger, StateRecord
 from .base import (
     ArgvPlan,
+    Finding,
     OutputFormat,
     Plan,
     Say,
     Setup,
     TrainerRun,
     UsageError,
-    apply_env,
-    restart_with_same_settings,
 )
-from .command import output_dir_of
-from .interpreter import trainer_python
+from .command import CommandRun, output_dir_of
 from .stepstates import StepStates
 
 KEYS = ("states", "complete", "step", "resume", "progress", "success", "total_steps")
@@ -94,11 +90,13 @@ class DeclaredOutput(OutputFormat):
         return self.success is not None and self.success.search(line) is not None
 
 
-class DeclarativeRun(TrainerRun):
+class DeclarativeRun(CommandRun):
+    """A command (its remedies, interpreter and doctor are ``command``'s) whose states are declared."""
+
     family = "declarative"
 
     def __init__(self, setup: Setup) -> None:
-        super().__init__()
+        TrainerRun.__init__(self)
         section = dict(setup.section or {})
         unknown = sorted(set(section) - set(KEYS))
         if unknown:
@@ -172,21 +170,11 @@ class DeclarativeRun(TrainerRun):
         self.step_states.begin(attempt, resume.step if resume else 0)
         return argv
 
-    def ladder(self, fault: str) -> tuple[Rung, ...]:
-        return remedies.ladder(fault)
 
-    def apply(self, plan: Plan, action: Action, evidence: str | None = None) -> str | None:
-        if action.kind == "set_env":
-            return apply_env(plan, action)
-        return restart_with_same_settings(action)
-
-    def command_line(self, plan: Plan) -> list[str]:
-        assert isinstance(plan, ArgvPlan)
-        return list(plan.argv)
-
-    def python(self, env: Mapping[str, str]) -> str | None:
-        assert isinstance(self.plan, ArgvPlan)
-        return trainer_python(self.plan.argv, dict(env))
+    def doctor(self, env: Mapping[str, str]) -> list[Finding]:
+        how = "resumes from the newest complete state" if self.resume_args else "has no resume: restarts unchanged"
+        return [Finding("info", "trainer", f"the project's trainer: section describes this command: trainsup "
+                        f"{how}; its flags and files are not checked")]
 
 
 def _without_flag(argv: list[str], flag: str) -> list[str]:
