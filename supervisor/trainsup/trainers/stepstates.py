@@ -128,17 +128,26 @@ class StepStates:
     def publish_final(self) -> str | None:
         return self.publish()
 
-    def set_aside_after(self, step: int, run_dir: Path, attempt: int) -> list[str]:
+    def set_aside_after(self, step: int, run_dir: Path, attempt: int, within: Path | None = None) -> list[str]:
         """Move every state past ``step`` (complete or not) out of the trainer's way into the run dir:
-        the resumed attempt would write the same names over them."""
+        the resumed attempt would write the same names over them. ``within``: only the states in that
+        directory (a trainer with one output directory per line of attempts)."""
         moved: list[str] = []
         for path, s in self.find():
-            if s <= step:
+            if s <= step or (within is not None and path.parent != within):
                 continue
             target = run_dir / "set-aside" / f"attempt-{attempt}" / path.name
+            n = 1
+            while target.exists():  # two directories' states of one name: keep both
+                n += 1
+                target = target.with_name(f"{path.name}.{n}")
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(path), str(target))
-            self.ledger.mark_bad(path)
+            # The name is free again: the resumed attempt's own state of that name must be claimable,
+            # so forget the old one under its old path and remember it, unusable, where it went.
+            self.ledger.states = [r for r in self.ledger.states if r.dir != str(path)]
+            self.ledger.bad_states = [d for d in self.ledger.bad_states if d != str(path)]
+            self.ledger.mark_bad(target)
             moved.append(str(path))
             self.journal.event("state_set_aside", dir=str(path), step=s, to=str(target), attempt=attempt)
             self.say(f"state_set_aside step={s} {path} -> {target} (a resume from step {step} would overwrite it)")

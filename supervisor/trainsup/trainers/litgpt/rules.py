@@ -1,0 +1,74 @@
+"""Owns the fault rules of LitGPT's own wording, tried before the built-in table.
+
+Two fault ids are LitGPT's alone and stay here, not in ``faults.rules.FAULT_IDS`` (that tuple is the
+built-in table's, and nothing outside this adapter needs them): ``lr_schedule`` (the learning-rate
+schedule divides by zero) and ``sequence_too_long`` (a sample longer than the model's context).
+The others reuse built-in ids with LitGPT's wording: ``config_error`` (an invalid ``--precision``,
+a checkpoint dir that is not one, jsonargparse's usage errors, a global batch below the micro batch)
+and ``nan_loss``. ``RUN_RULES`` serve a run of this adapter; ``FAMILY_RULES`` (without the bare
+``AssertionError`` rule) are what ``diagnose`` tries on a log of any trainer.
+"""
+
+from __future__ import annotations
+
+from ...faults.rules import FaultRule
+
+LR_SCHEDULE = "lr_schedule"
+SEQUENCE_TOO_LONG = "sequence_too_long"
+
+LITGPT_RULES: tuple[FaultRule, ...] = (
+    FaultRule(
+        id=LR_SCHEDULE,
+        # `ZeroDivisionError: float division by zero` (cosine T_max = max_steps - warmup = 0, at the
+        # last step) or `division by zero` (warmup 0: `step / warmup_steps`, before any step).
+        patterns=(r"ZeroDivisionError",),
+        # Only a division inside the LR scheduler: torch's lr_scheduler.py frames, or the warmup
+        # lambda of litgpt's get_lr_scheduler (`lora.py <lambda>`). A ZeroDivisionError raised
+        # anywhere else is not this fault.
+        frames_require=(r"^lr_scheduler\.py ", r"^(?:lora|full|adapter|adapter_v2|pretrain|lora_legacy)\.py <lambda>$"),
+        explanation="LitGPT's learning-rate schedule divided by zero: --train.lr_warmup_steps is 0, or not "
+        "below the run's optimizer steps (--train.max_steps, or epochs x steps per epoch). LitGPT keeps "
+        "the schedule in its saved states, so only a fresh start can take a corrected warmup.",
+    ),
+    FaultRule(
+        id=SEQUENCE_TOO_LONG,
+        patterns=(r"Cannot attend to \d+, block size is only \d+",),
+        explanation="A training sample is longer than the model's context (block size); "
+        "--train.max_seq_length truncates the samples to it.",
+    ),
+    FaultRule(
+        id="config_error",
+        patterns=(
+            r"Precision '[^']{0,100}' is invalid\. Allowed precision values:",
+            r"Precision \S{0,100} is invalid\. Allowed precision values:",
+            r"is not a checkpoint directory", r"Unsupported `repo_id`", r"is missing the files: \[",
+            # jsonargparse's usage errors (argparse's own wording is lowercase, in the built-ins)
+            r"error: Unrecognized arguments:", r"error: Parser key \"", r"error: Validation failed:",
+            r"error: Configuration check failed", r"Quantization and mixed precision is not supported",
+        ),
+        restartable=False,
+        explanation="The LitGPT command is wrong: an invalid --precision, a checkpoint dir that is not one "
+        "(LitGPT takes a relative name for a Hugging Face repo id), or an argument jsonargparse rejects.",
+    ),
+    FaultRule(
+        id="nan_loss",
+        patterns=(r"loss train: nan\b",),
+        live=True,
+        explanation="The training loss became NaN; LitGPT keeps going but learns nothing.",
+    ),
+)
+
+# Only for a run this adapter knows is LitGPT: a bare `AssertionError` is this fault when its frames
+# say so, but with no frames in sight the message alone would decide, which is too little for a log
+# of an unknown trainer (``diagnose`` tries ``FAMILY_RULES`` on every log).
+BATCH_RULE = FaultRule(
+    id="config_error",
+    # `assert gradient_accumulation_iters > 0` / `assert batch_size > 0` in litgpt/args.py: the
+    # global batch is smaller than the micro batch (or than the devices).
+    patterns=(r"^AssertionError$",),
+    frames_require=(r"^args\.py (?:gradient_accumulation_iters|batch_size)$",),
+    restartable=False,
+    explanation="--train.global_batch_size is smaller than --train.micro_batch_size x devices.",
+)
+FAMILY_RULES = LITGPT_RULES
+RUN_RULES = (*LITGPT_RULES, BATCH_RULE)
