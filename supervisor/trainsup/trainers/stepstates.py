@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..record.journal import Journal
 from ..record.ledger import AttemptRecord, Ledger, StateRecord
+from .ledgerstates import LedgerStates
 
 Find = Callable[[], list[tuple[Path, int]]]
 Check = Callable[[Path], str]
@@ -33,17 +34,15 @@ def newest_mtime(path: Path) -> float:
         return 0.0
 
 
-class StepStates:
+class StepStates(LedgerStates):
     def __init__(self, ledger: Ledger, journal: Journal, say: Callable[[str], None], find: Find, check: Check,
                  *, resume_at_end: bool = True, final: Callable[[], Path | None] | None = None,
                  publish: Callable[[], str | None] = lambda: None) -> None:
-        self.ledger, self.journal, self.say = ledger, journal, say
+        super().__init__(ledger, journal, say)
         self.find, self.check = find, check
         self.resume_at_end = resume_at_end  # False: never resume from a state at the last step
         self.final, self.publish = final, publish  # final None: exit 0 alone is success
-        self.attempt = 0
         self.attempt_started = time.time()
-        self.resume_step = 0
 
     def continue_ledger(self) -> None:
         if not self.ledger.attempts:
@@ -72,32 +71,19 @@ class StepStates:
                 continue  # an earlier run's state under the same name: not this attempt's to claim
             if self.check(path):
                 continue
-            state = self.ledger.record_state(path, self.attempt, step)
+            state = self.claim(path, step)
             if state is not None:
                 recorded.append(state)
-                self.journal.event("state_saved", dir=state.dir, step=state.step, label=state.label,
-                                   attempt=self.attempt)
-                self.say(f"state_saved step={state.step} dir={state.dir}")
         return recorded
 
-    def steps_proven(self) -> int:
-        return max([0] + [s.step - self.resume_step for s in self.ledger.states if s.attempt == self.attempt])
+    def resumable(self, state: StateRecord, max_steps: int | None) -> bool:
+        return self.resume_at_end or max_steps is None or state.step < max_steps
 
-    def newest(self, nan_step: int | None = None, max_steps: int | None = None) -> StateRecord | None:
-        best: StateRecord | None = None
-        for state in self.ledger.states:
-            if state.dir in self.ledger.bad_states or (nan_step is not None and state.step >= nan_step):
-                continue
-            if not self.resume_at_end and max_steps is not None and state.step >= max_steps:
-                continue
-            if best is not None and (state.step, state.attempt) <= (best.step, best.attempt):
-                continue
-            problem = self.check(Path(state.dir))
-            if problem:
-                self.ledger.mark_bad(Path(state.dir))
-                continue
-            best = state
-        return best
+    def usable(self, path: Path, nan_step: int | None) -> bool:
+        if self.check(path):
+            self.ledger.mark_bad(path)
+            return False
+        return True
 
     def adopt(self, path: Path) -> str:
         for found, step in self.find():
@@ -112,11 +98,6 @@ class StepStates:
 
     def mark_failed_save(self, label: int) -> None:
         return None
-
-    def mark_tainted(self, from_step: int) -> None:
-        for state in self.ledger.states:
-            if state.attempt == self.attempt and state.step >= from_step:
-                self.ledger.mark_bad(Path(state.dir))
 
     def final_written(self) -> bool:
         """Whether this attempt wrote the run's final output (what makes exit 0 a success)."""

@@ -16,6 +16,7 @@ from pathlib import Path
 from ...record.fsutil import publish_copy
 from ...record.journal import Journal
 from ...record.ledger import AttemptRecord, Ledger, StateRecord, label_offset, post_resume_overshoot
+from ..ledgerstates import LedgerStates
 from .profile import final_weights_name, parse_state_name, state_dir_names, weights_files_for
 from .states import check_state, state_dirs
 from .weights import has_non_finite
@@ -26,17 +27,15 @@ def _names(output_name: str | None) -> set[str]:
     return {step, epoch, final[: -len("-state")]}
 
 
-class ResumePoints:
+class ResumePoints(LedgerStates):
     def __init__(self, ledger: Ledger, output_dir: Path, need_scaler: bool, journal: Journal,
                  say: Callable[[str], None], user_output_name: str | None = None) -> None:
-        self.ledger, self.output_dir, self.need_scaler = ledger, output_dir, need_scaler
+        super().__init__(ledger, journal, say)
+        self.output_dir, self.need_scaler = output_dir, need_scaler
         self.user_output_name = user_output_name  # where the final weights are published
-        self.journal, self.say = journal, say
         self.run_started = time.time()
-        self.attempt = 0
         self.attempt_started = self.run_started
         self.output_name: str | None = None
-        self.resume_step = 0
 
     def continue_ledger(self) -> None:
         """A ledger left by an earlier supervisor of this run dir (it died, or was stopped): claim
@@ -92,27 +91,15 @@ class ResumePoints:
             check = check_state(path, need_scaler=self.need_scaler)
             if not check.ok or check.label_step is None:
                 continue
-            state = self.ledger.record_state(path, self.attempt, check.label_step)
+            state = self.claim(path, check.label_step)
             if state is not None:
                 recorded.append(state)
-                self.journal.event("state_saved", dir=state.dir, step=state.step, label=state.label,
-                                   attempt=self.attempt)
-                self.say(f"state_saved step={state.step} dir={state.dir}")
         return recorded
-
-    def steps_proven(self) -> int:
-        """Steps this attempt trained, as its saved states prove them."""
-        return max([0] + [s.step - self.resume_step for s in self.ledger.states if s.attempt == self.attempt])
 
     def mark_failed_save(self, label: int) -> None:
         """The state save at this label raised half-way: never resume from what it left."""
         step_name = state_dir_names(self.output_name)[0]
         self.ledger.mark_bad(self.output_dir / f"{step_name}-step{label:08d}-state")
-
-    def mark_tainted(self, from_step: int) -> None:
-        for state in self.ledger.states:
-            if state.attempt == self.attempt and state.step >= from_step:
-                self.ledger.mark_bad(Path(state.dir))
 
     # --- across attempts -------------------------------------------------------------------------
     def wrote_under(self, output_name: str | None) -> bool:
@@ -141,26 +128,19 @@ class ResumePoints:
         self.journal.event("state_adopted", dir=str(path), step=check.label_step)
         return ""
 
-    def newest(self, nan_step: int | None = None, max_steps: int | None = None) -> StateRecord | None:
-        """The newest complete state to resume from: never one saved at or after a NaN, and never
-        one at ``max_steps`` or past it (kohya refuses ``--initial_step`` >= ``--max_train_steps``,
-        so a fault after the last state, before the final weights, resumes one state earlier)."""
-        best: StateRecord | None = None
-        for state in self.ledger.states:
-            if state.dir in self.ledger.bad_states or (nan_step is not None and state.step >= nan_step):
-                continue
-            if max_steps is not None and state.step >= max_steps:
-                continue
-            if best is not None and (state.step, state.attempt) <= (best.step, best.attempt):
-                continue
-            path = Path(state.dir)
-            if not check_state(path).ok:
-                continue
-            if nan_step is not None and has_non_finite(path / "model.safetensors"):
-                self.ledger.mark_bad(path)
-                continue
-            best = state
-        return best
+    def resumable(self, state: StateRecord, max_steps: int | None) -> bool:
+        """Never a state at ``max_steps`` or past it: kohya refuses ``--initial_step`` >=
+        ``--max_train_steps``, so a fault after the last state, before the final weights, resumes one
+        state earlier."""
+        return max_steps is None or state.step < max_steps
+
+    def usable(self, path: Path, nan_step: int | None) -> bool:
+        if not check_state(path).ok:
+            return False
+        if nan_step is not None and has_non_finite(path / "model.safetensors"):
+            self.ledger.mark_bad(path)
+            return False
+        return True
 
     def publish_final(self) -> str | None:
         """Put the final weights where the user's command says, when a renamed attempt wrote them."""

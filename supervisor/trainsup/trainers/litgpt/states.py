@@ -95,7 +95,7 @@ class LitStates(StepStates):
         super().__init__(ledger, journal, say, self._find, self._check, final=self._final, publish=self._publish)
         self.method, self.out, self.run_dir = method, out, run_dir
         self.current_out = out  # where the running attempt writes
-        self.resumable = resumable  # the adapter's say on a state (its LR schedule, its method)
+        self.adapter_allows = resumable  # the adapter's say on a state (its LR schedule, its method)
         self._verdicts: dict[Path, tuple[int, int, str]] = {}
 
     # --- where states are ----------------------------------------------------------------------
@@ -124,25 +124,10 @@ class LitStates(StepStates):
     def _check(self, path: Path) -> str:
         return state_problem(path, self.method, self._verdicts)
 
-    def newest(self, nan_step: int | None = None, max_steps: int | None = None) -> StateRecord | None:
-        """The newest complete state LitGPT can continue from (StepStates' choice, among the states
-        the adapter calls resumable); None for a method that cannot resume at all."""
-        if self.method.resume == "none":
-            return None  # every restart of this method starts from the beginning
-        best: StateRecord | None = None
-        for state in self.ledger.states:
-            if state.dir in self.ledger.bad_states or not self.resumable(state):
-                continue
-            if nan_step is not None and state.step >= nan_step:
-                continue
-            if best is not None and (state.step, state.attempt) <= (best.step, best.attempt):
-                continue
-            problem = self.check(Path(state.dir))
-            if problem:
-                self.ledger.mark_bad(Path(state.dir))
-                continue
-            best = state
-        return best
+    def resumable(self, state: StateRecord, max_steps: int | None) -> bool:
+        """Only states the adapter calls resumable (its LR schedule, its method); none at all for a
+        method that cannot resume: every restart of it starts from the beginning."""
+        return self.method.resume != "none" and self.adapter_allows(state) and super().resumable(state, max_steps)
 
     # --- final ---------------------------------------------------------------------------------
     def _final(self) -> Path | None:
