@@ -16,7 +16,8 @@ from trainsup.trainers.registry import choose, families, open_run
     ("accelerate launch --num_cpu_threads_per_process 1 train_network.py --output_dir o", "kohya"),
     ("python -m trainsup.demo.flux_train_network --output_dir o", "kohya"),
     ("python my_lora_script.py --pretrained_model_name_or_path m --output_dir o", "kohya"),  # kohya's flags
-    ("python scripts/train.py --config-path cfg.json", "command"),  # OneTrainer: not kohya's
+    ("python scripts/train.py --config-path cfg.json", "onetrainer"),  # OneTrainer: not kohya's
+    ("python scripts/finetune.py --config-path cfg.json", "command"),
     ("python -c print(1)", "command"),
     ("./train.sh --epochs 3", "command"),
     ("accelerate launch", "kohya"),  # kohya's launcher without its script: a usage error there
@@ -26,7 +27,7 @@ def test_the_adapter_that_knows_the_command_wins(argv: str, family: str) -> None
 
 
 def test_every_built_in_adapter_is_registered_through_the_entry_point_group() -> None:
-    assert {"kohya", "litgpt", "command", "declarative"} <= set(families())
+    assert {"kohya", "litgpt", "onetrainer", "command", "declarative"} <= set(families())
 
 
 def test_a_named_adapter_wins_and_an_unknown_name_lists_the_known_ones() -> None:
@@ -37,7 +38,7 @@ def test_a_named_adapter_wins_and_an_unknown_name_lists_the_known_ones() -> None
 
 
 def test_a_command_no_adapter_knows_is_launched_exactly_as_given_every_time(tmp_path: Path) -> None:
-    argv = ("python", "scripts/train.py", "--config-path", "cfg.json")
+    argv = ("python", "scripts/finetune.py", "--config-path", "cfg.json")
     run = open_run(Setup(argv, tmp_path))
     journal = Journal(tmp_path)
     run.bind(tmp_path, Ledger(tmp_path / "ledger.json"), journal, lambda _m: None)

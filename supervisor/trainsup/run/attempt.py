@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import queue
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,7 +59,7 @@ def run_attempt(argv: list[str], env: dict[str, str], cwd: Path, log_path: Path,
                 events: queue.Queue[tuple[str, Any]], hooks: AttemptHooks, grace_s: float,
                 pump_wait_s: float, echo: bool, spawn: Callable[..., process.Child] = process.spawn,
                 clock: Callable[[], float] = time.monotonic, hang: HangPolicy | None = None,
-                fmt: OutputFormat | None = None) -> AttemptResult:
+                fmt: OutputFormat | None = None, planned_signal: int = signal.SIGTERM) -> AttemptResult:
     log = AttemptLog(log_path)
     parser = OutputParser(events, scanner, clock, fmt)
     child = spawn(argv, env, cwd)
@@ -108,7 +109,7 @@ def run_attempt(argv: list[str], env: dict[str, str], cwd: Path, log_path: Path,
             elif kind == "stop_for_change":
                 if not killed and exited_at is None:
                     stopped_for_change = True
-                    process.stop_tree(child, grace_s)
+                    process.stop_tree(child, grace_s, planned_signal)
                     killed = True
             elif kind == "summary":
                 hooks.on_summary(parser.obs)

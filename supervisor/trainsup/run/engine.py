@@ -212,7 +212,7 @@ class Supervisor:
             result = run_attempt(argv, env, self.spec.cwd, self.run_dir / f"attempt-{attempt}.log",
                                  FaultScanner(self.rules), self.events, hooks, self.policy.stop_grace_s,
                                  self.policy.pump_wait_s, self.spec.echo, self._spawn, self.clock, self.policy.hang,
-                                 t.output)
+                                 t.output, t.planned_stop_signal)
         except process.LaunchError as exc:
             self._transition(RunState.STOPPING)
             return None, Decision("stop", EXIT_STOPPED, f"config_error: {exc}")

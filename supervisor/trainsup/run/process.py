@@ -62,11 +62,12 @@ def _tree(pid: int) -> list[psutil.Process]:
         return []
 
 
-def stop_tree(child: Child, grace_s: float) -> None:
-    """SIGTERM the group, wait up to ``grace_s``, SIGKILL what is left (group and strays), reap."""
+def stop_tree(child: Child, grace_s: float, sig: int = signal.SIGTERM) -> None:
+    """``sig`` (SIGTERM) to the group, wait up to ``grace_s``, SIGKILL what is left (group and strays),
+    reap. The wait is for the processes, not their pipes: a trainer may close both and never exit."""
     pgid = child.pid  # start_new_session makes the child its group's leader
     descendants = _tree(child.pid)
-    _signal_group(pgid, signal.SIGTERM)
+    _signal_group(pgid, sig)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         if child.popen.poll() is not None and not _alive(descendants) and not _group_alive(pgid):

@@ -23,6 +23,7 @@ trainer's own package can ship one. ``run/`` imports this module and the registr
 from __future__ import annotations
 
 import re
+import signal
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -201,6 +202,9 @@ class TrainerRun(ABC):
     output_dir: Path | None = None
     total_steps: int | None = None  # the steps the user asked for, when the command says
     user_resume: Path | None = None  # a state the user's own command resumes from
+    # The signal of a planned stop (an edit applied at a checkpoint): SIGTERM, or one the trainer
+    # answers by saving first (OneTrainer: SIGINT). SIGKILL follows after the stop grace either way.
+    planned_stop_signal: int = signal.SIGTERM
     settings_unknown: bool = False  # as given: some settings live in a file that is not here
     notes: list[str]  # said once at start and journaled (what trainsup changed, what it cannot do)
     plan: Plan

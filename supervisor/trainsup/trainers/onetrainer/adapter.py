@@ -1,0 +1,208 @@
+"""Owns OneTrainer behind the trainer contract: recognising ``python scripts/train.py --config-path
+CONFIG.json [--config-value KEY=VALUE ...]`` (run from the OneTrainer root), the first plan, each
+attempt's derived config, resume and output reading, the ladders and the doctor.
+
+Every attempt runs on a derived copy of the config in ``RUN_DIR/attempt-N/config.json`` (the user's
+file is only read): the remedies' keys, frozen copies of the concept and sample files, and
+``continue_last_backup`` true for a resume (false otherwise). Before a resume, ``backup/`` is
+cleared of every directory OneTrainer would take instead of the chosen backup (``states``), and the
+keys a backup fixes (``lora_rank``, ``lora_alpha``, ``model_type``) are taken from its
+``onetrainer_config/args.json``. Planned stops use SIGINT: OneTrainer then backs up before exiting.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ...faults.remedies import Action, Rung
+from ...faults.rules import FaultRule
+from ...record.journal import Journal
+from ...record.ledger import Ledger, StateRecord
+from ..base import Finding, Plan, Say, Setup, TrainerRun, UsageError
+from ..interpreter import trainer_python
+from . import doctor
+from .backups import backup_args, backup_problem, parse_name
+from .inputs import BACKUP_FIXED, OTInputs
+from .output import OTOutput
+from .plan import OTPlan, find_script
+from .remedies import LR, apply_action, ladder
+from .rules import FAMILY_RULES, RULES
+from .states import OTStates
+
+DEFAULT_WORKSPACE = "workspace/run"  # OneTrainer's defaults, relative to its root
+DEFAULT_OUTPUT = "models/model.safetensors"
+
+
+class OneTrainerRun(TrainerRun):
+    family = "onetrainer"
+    plan: OTPlan
+    planned_stop_signal = signal.SIGINT
+
+    def __init__(self, setup: Setup) -> None:
+        super().__init__()
+        self.cwd = setup.cwd
+        try:
+            self.plan = OTPlan.parse(list(setup.argv), setup.cwd)
+        except OSError as exc:
+            if not setup.as_given:
+                raise UsageError(f"--config-path: cannot read it: {exc.strerror or exc}") from None
+            self.plan = OTPlan.parse(list(setup.argv), setup.cwd, read=False)
+            self.settings_unknown = True
+            self.notes.append(f"{self.plan.config_path} is not readable here: settings in it are unknown")
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        self.workspace = self.plan.path("workspace_dir") or setup.cwd / DEFAULT_WORKSPACE
+        self.model_out = self.plan.path("output_model_destination") or setup.cwd / DEFAULT_OUTPUT
+        self.output_dir = self.workspace
+        try:
+            self.epochs = self.plan.get_int("epochs")
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        self.lora = str(self.plan.value("training_method") or "").upper() == "LORA"
+        self.ot_output = OTOutput()
+        self.output = self.ot_output
+        self._latest = self.plan
+        self._resume_step = 0
+        self._attempt = 0
+        self._taint_attempt = 0  # the attempt whose NaN the current plan's resume_below answers
+        self._say: Say = lambda _m: None
+        if self.plan.get_bool("continue_last_backup", False):
+            self._user_continue()
+
+    def _user_continue(self) -> None:
+        """The user's ``continue_last_backup``: the newest complete backup that still trains."""
+        backup = self.workspace / "backup"
+        names = sorted((p for p in backup.iterdir() if p.is_dir()), reverse=True) if backup.is_dir() else []
+        for path in names:
+            parsed = parse_name(path.name)
+            if parsed is None or (self.epochs is not None and parsed.epoch >= self.epochs):
+                continue
+            if not backup_problem(path, self.lora):
+                self.user_resume = path
+                self.notes.append(f"continue_last_backup: trainsup resumes from {path} (the newest complete "
+                                  "backup) and moves any later or partial one out of backup/ first")
+                return
+        self.notes.append(f"continue_last_backup: {backup} holds no complete backup to continue; "
+                          "trainsup starts from the beginning")
+
+    @property
+    def label(self) -> str | None:
+        return self.model_out.stem
+
+    def default_run_dir(self, cwd: Path) -> Path:
+        return self.workspace / ".trainsup"
+
+    def bind(self, run_dir: Path, ledger: Ledger, journal: Journal, say: Say) -> None:
+        self._say = say
+        self.ot_states = OTStates(ledger, journal, say, self.workspace, self.model_out, lambda: self._latest_epochs(),
+                                  self.lora, lambda: self.ot_output.saved_seen, self._not_tainted)
+        self.states = self.ot_states
+        self.ot_inputs = OTInputs(self.plan, run_dir, journal, say)
+        self.inputs = self.ot_inputs
+
+    def _latest_epochs(self) -> int | None:
+        try:
+            return self._latest.get_int("epochs")
+        except ValueError:
+            return None
+
+    def _not_tainted(self, state: StateRecord) -> bool:
+        """After a NaN remedy: only backups saved before the loss ran away."""
+        taint = self._latest.resume_below
+        return taint is None or state.step < taint or state.attempt > self._taint_attempt
+
+    # --- launching -----------------------------------------------------------------------------
+    def launch(self, plan: Plan, attempt: int, resume: StateRecord | None, run_dir: Path) -> list[str]:
+        assert isinstance(plan, OTPlan)
+        self._latest = plan
+        extra: dict[str, Any] = {"continue_last_backup": resume is not None}
+        start_epoch = 0
+        if resume is not None:
+            state = Path(resume.dir)
+            self.ot_states.clear_for_resume(state, run_dir, attempt)
+            parsed = parse_name(state.name)
+            start_epoch = parsed.epoch if parsed is not None else 0
+            args = backup_args(state)
+            for key in BACKUP_FIXED:
+                if key in args and args[key] != plan.value(key):
+                    extra[key] = args[key]
+                    self._say(f"{key}: {args[key]} from {state.name} (a resume must keep the backup's; "
+                              f"the config says {plan.value(key)!r})")
+        extra.update(self.ot_inputs.snapshot(attempt))
+        config = run_dir / f"attempt-{attempt}" / "config.json"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        tmp = config.with_name(".config.json.tmp")
+        tmp.write_text(json.dumps(plan.derived(extra), indent=4) + "\n", encoding="utf-8")
+        tmp.replace(config)
+        plan.env.setdefault("PYTHONUNBUFFERED", "1")  # else stdout reaches the pipe only at exit
+        self._attempt, self._resume_step = attempt, resume.step if resume else 0
+        self.ot_output.begin(start_epoch, str(self.model_out))
+        self.ot_states.begin(attempt, self._resume_step)
+        self.ot_inputs.launched(attempt)
+        return plan.launch_argv(config, set(plan.overrides) | set(extra))
+
+    # --- remedies ------------------------------------------------------------------------------
+    def rules(self) -> tuple[FaultRule, ...]:
+        return RULES
+
+    def ladder(self, fault: str) -> tuple[Rung, ...]:
+        return ladder(fault, self._latest)
+
+    def apply(self, plan: Plan, action: Action, evidence: str | None = None) -> str | None:
+        assert isinstance(plan, OTPlan)
+        nan_backup = None
+        if action.kind == "add_flag" and action.name == LR:
+            seen = self.ot_output.last_backup_step
+            nan_backup = seen if seen is not None else self._resume_step
+            self._taint_attempt = self._attempt
+        change = apply_action(plan, action, evidence, nan_backup)
+        self._latest = plan
+        return change
+
+    def python(self, env: Mapping[str, str]) -> str | None:
+        return trainer_python(self.plan.argv[: self.plan.script_at], dict(env))
+
+    def command_line(self, plan: Plan) -> list[str]:
+        assert isinstance(plan, OTPlan)
+        return plan.command_line()
+
+    def plan_notes(self, plan: Plan) -> list[str]:
+        assert isinstance(plan, OTPlan)
+        return [f"{key} is changed in the derived config trainsup writes: without trainsup, set it in "
+                f"{plan.config_path} or pass --config-value {key}=..." for key in plan.overrides]
+
+    # --- doctor --------------------------------------------------------------------------------
+    doctor_packages = ("bitsandbytes",)
+
+    def doctor(self, env: Mapping[str, str]) -> list[Finding]:
+        return doctor.check(self.plan, self.doctor_facts.versions)
+
+    def state_size(self) -> tuple[float, str] | None:
+        backup = self.workspace / "backup"
+        for path in sorted(backup.iterdir(), reverse=True) if backup.is_dir() else []:
+            if parse_name(path.name) is not None:
+                size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+                return float(size), f"the size of {path}"
+        return None
+
+
+class OneTrainerFamily:
+    name = "onetrainer"
+    description = "OneTrainer (python scripts/train.py --config-path CONFIG.json)"
+
+    def detect(self, argv: Sequence[str]) -> int:
+        return 10 if find_script(list(argv)) is not None else 0
+
+    def open(self, setup: Setup) -> TrainerRun:
+        return OneTrainerRun(setup)
+
+    def rules(self) -> tuple[FaultRule, ...]:
+        """OneTrainer's wording, for ``diagnose`` on a log whose trainer it does not know."""
+        return FAMILY_RULES
+
+
+FAMILY = OneTrainerFamily()
