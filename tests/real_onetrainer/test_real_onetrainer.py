@@ -138,3 +138,50 @@ def test_device_mismatch_with_latent_caching_resumes_with_latent_caching_off(ot_
     assert json.loads(cfg.read_text()).get("latent_caching", True) is True  # on: the default
     assert run.of("finished") and (tmp_path / "lora.safetensors").is_file()
     assert user_inputs(tmp_path) == before
+
+
+def test_a_config_edit_applies_at_the_next_backup_through_a_sigint_stop_and_a_fresh_derived_config(
+        ot_bed: OTBed, tmp_path: Path) -> None:
+    cfg = ot_bed.user_files(tmp_path, epochs=2)
+    edited: dict[str, bytes] = {}
+
+    def edit_after_backup_4(event: dict[str, Any]) -> None:
+        if event["event"] == "state_saved" and event["step"] == 4 and not edited:
+            doc = json.loads(cfg.read_text())
+            doc["learning_rate"] = 0.0001
+            cfg.write_text(json.dumps(doc, indent=4))
+            edited["config"] = cfg.read_bytes()
+
+    run = supervise(ot_bed.command(cfg), tmp_path / "ws", tmp_path, env=ot_bed.env(), policy=POLICY,
+                    cwd=ot_bed.cwd, on_event=edit_after_backup_4, timeout=500)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert edited and run.of("change_scheduled") and not run.of("fault")
+    first, second = run.of("attempt_end")[0], run.of("attempt_start")[1]
+    assert first["exit_code"] == 0  # SIGINT: OneTrainer backed up and exited by itself
+    log = (run.run_dir / "attempt-1.log").read_text(errors="replace")
+    assert log.count("Creating Backup") >= 3  # 4, 9, and the one SIGINT asked for
+    assert second["resume_step"] >= 9
+    derived = json.loads(Path(second["argv"][second["argv"].index("--config-path") + 1]).read_text())
+    assert derived["learning_rate"] == 0.0001 and derived["continue_last_backup"] is True
+    assert [e["attempt"] for e in run.of("change_applied")] == [2]
+    assert cfg.read_bytes() == edited["config"]  # the user's edit, untouched
+    assert run.of("finished") and (tmp_path / "lora.safetensors").is_file()
+
+
+def test_a_failed_final_save_switches_to_kohya_lora_and_resumes_the_backup_before_the_end_backup(
+        ot_bed: OTBed, tmp_path: Path) -> None:
+    cfg = ot_bed.user_files(tmp_path, epochs=1, output_model_format="SAFETENSORS")
+    before = user_inputs(tmp_path)
+    run = supervise(ot_bed.command(cfg), tmp_path / "ws", tmp_path, env=ot_bed.env(), policy=POLICY,
+                    cwd=ot_bed.cwd, timeout=500)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert [f["class"] for f in run.of("fault")] == ["output_format"]
+    assert run.of("attempt_end")[0]["exit_code"] == 1
+    start = run.of("attempt_start")[1]
+    # The end backup (-8-1-0: epoch == epochs) would train nothing and save nothing: the one before it.
+    assert start["resume_step"] == 4 and "-backup-4-0-4" in start["resume_from"]
+    derived = json.loads(Path(start["argv"][start["argv"].index("--config-path") + 1]).read_text())
+    assert derived["output_model_format"] == "KOHYA_LORA"
+    assert any("-backup-8-1-0" in e["dir"] for e in run.of("state_set_aside"))
+    assert run.of("finished")[0]["final_weights"] == str(tmp_path / "lora.safetensors")
+    assert user_inputs(tmp_path) == before

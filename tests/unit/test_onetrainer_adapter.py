@@ -410,3 +410,26 @@ def test_doctor_findings(tmp_path: Path) -> None:
     assert {"output_format", "no_backups", "cwd"} <= ids
     (tmp_path / "samples.json").write_text("{oops")
     assert "sample_definition_file_name" in {f.id for f in open_run(argv(cfg), tmp_path).doctor({})}
+
+
+# --- diagnose --------------------------------------------------------------------------------------
+def test_diagnose_reads_a_onetrainer_log_with_every_familys_rules_and_corrects_its_command(tmp_path: Path) -> None:
+    import io
+
+    from trainsup.commands.diagnose import diagnose_scan
+    from trainsup.faults.logscan import scan_log
+    from trainsup.trainers.registry import family_rules
+
+    cfg = config(tmp_path)
+    log = "\n".join(["Creating Backup /ws/backup/2026-01-01_00-00-00-backup-4-0-4",
+                     BAR.format(n=5), *tb(("train.py", "main"), ("GenericTrainer.py", "train"),
+                                        last="RuntimeError: Expected all tensors to be on the same device, but "
+                                        "found at least two devices, cuda:0 and cpu!")]).encode() + b"\n"
+    rules = (*family_rules(), *BUILTIN_RULES)
+    d = diagnose_scan("ot.log", scan_log(io.BytesIO(log), rules), rules, command=argv(cfg))
+    assert d.fault == "device_mismatch"
+    assert d.remedy == ["latent_caching: false (was True)"]
+    assert d.command is not None and d.command.endswith("--config-value latent_caching=false")
+    nan = "\n".join(tb(("GenericTrainer.py", "train"), last="RuntimeError: Training loss became NaN. This may be "
+                       "due to invalid parameters.")).encode() + b"\n"
+    assert diagnose_scan("nan.log", scan_log(io.BytesIO(nan), rules), rules).fault == "nan_loss"
