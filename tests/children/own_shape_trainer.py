@@ -8,6 +8,9 @@ an uninterrupted one), prints ``[step S/N] loss=L`` per step, saves ``DIR/ckpt-S
 state), resumes from ``--from``, writes ``DIR/final.json`` and prints ``all done``.
 ``OWN_SHAPE_DIE_IN_SAVE=S`` dies (exit 1) half-way through the save of step S, once: it leaves
 ``DIR/.died`` so that the next launch saves normally.
+``OWN_SHAPE_OOM_AT=S`` runs out of (simulated) GPU memory at step S, printing torch's message and
+exiting 1, unless ``PYTORCH_CUDA_ALLOC_CONF`` has ``expandable_segments:True`` (the allocator
+setting trainsup's first ``cuda_oom`` rung sets): a fault a remedy fixes through the environment.
 """
 
 import argparse
@@ -34,9 +37,16 @@ if args.resume:
     print(f"resuming from {args.resume} at step {step}", flush=True)
 
 die_at = int(os.environ.get("OWN_SHAPE_DIE_IN_SAVE", "0"))
+oom_at = int(os.environ.get("OWN_SHAPE_OOM_AT", "0"))
+expandable = "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
 while step < args.steps:
     time.sleep(args.step_seconds)
     step += 1
+    if step == oom_at and not expandable:
+        print("Traceback (most recent call last):\n  File \"own_shape_trainer.py\", line 1, in <module>\n"
+              "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+              "capacity of 23.55 GiB of which 1.12 GiB is free.", file=sys.stderr, flush=True)
+        sys.exit(1)
     weight = weight * 0.97 + step * 1e-3  # depends on every step before it, in order
     print(f"[step {step}/{args.steps}] loss={weight:.6f}", flush=True)
     if step % args.every == 0:

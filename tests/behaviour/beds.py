@@ -1,0 +1,420 @@
+"""The beds the behaviour suite runs on: one per trainer (and method) behind an adapter.
+
+A bed knows its real trainer on this machine: whether it is here (``prepare`` builds it, or says why
+not and the tests skip), the user's working command for each case (short runs: 20 steps, a state
+every 5), how to find the trainer process under trainsup, where attempt 1 keeps the state of step N
+and how a save cut half-way looks, whether the trainer can resume, one remedy case (a command that
+fails on a fault trainsup fixes, and how to see that the next attempt trained with the fix), and
+per-bed extra checks of the shared runs. A new adapter gets the whole suite by adding a bed here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Literal
+
+import psutil
+import yaml
+from safetensors.numpy import load_file
+
+from tests.behaviour.harness import Launch, Run, diagnose
+from tests.conftest import ROOT
+from tests.e2e.demo_harness import clean_env
+from tests.real import bed as realkohya
+from tests.real.test_real_runs import BNB
+
+Case = Literal["clean", "kill", "cut", "sigterm", "remedy"]
+
+
+def children(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
+
+
+def value_after(argv: list[str], flag: str) -> str | None:
+    return argv[argv.index(flag) + 1] if flag in argv else None
+
+
+class Bed(ABC):
+    name: str
+    remedy_fault: str  # the fault class the remedy case's first attempt ends with
+
+    def __init__(self) -> None:
+        self._prepared: tuple[str | None] | None = None
+
+    def prepare(self) -> str | None:
+        """Build (or find built) the bed once; None when ready, else why it cannot run here."""
+        if self._prepared is None:
+            self._prepared = (self._prepare(),)
+        return self._prepared[0]
+
+    @abstractmethod
+    def _prepare(self) -> str | None: ...
+
+    @abstractmethod
+    def launch(self, case: Case, out: Path, tmp: Path) -> Launch:
+        """The user's command for this case (``remedy``: with what makes it fail), cwd and env."""
+
+    @abstractmethod
+    def trainer_process(self, trainsup_pid: int) -> psutil.Process | None:
+        """The process that trains (the one a kill -9 takes down), under trainsup."""
+
+    @abstractmethod
+    def process_pattern(self, out: Path) -> re.Pattern[str]:
+        """Matches the command line of every process of the trainer's tree for this out dir."""
+
+    @abstractmethod
+    def state_dir(self, out: Path, step: int) -> Path:
+        """Where attempt 1 keeps its state of step N."""
+
+    @abstractmethod
+    def state_weights(self, state: Path) -> Path:
+        """The state's main weights file."""
+
+    def cut_state(self, state: Path) -> None:
+        """Make ``state`` look like a save cut half-way: its weights file truncated to half."""
+        weights = self.state_weights(state)
+        data = weights.read_bytes()
+        weights.write_bytes(data[: len(data) // 2])
+
+    @abstractmethod
+    def check_remedy(self, run: Run) -> None:
+        """The next attempt's argv/derived config/env carries the fix, and the trainer trained with it."""
+
+    # Extra checks of the shared runs, in the trainer's own terms.
+    def check_clean(self, run: Run) -> None:
+        return None
+
+    def check_killed(self, run: Run) -> None:
+        return None
+
+    def check_cut(self, run: Run) -> None:
+        return None
+
+
+# --- sd-scripts ------------------------------------------------------------------------------------
+BNB_WARNING = ROOT / "tests" / "real" / "bnb_warning"
+CONFIG = "# speed\n[caching]\ncache_latents = true  # latents in memory\n"
+
+
+class KohyaBed(Bed):
+    """Real kohya-ss/sd-scripts ``train_network.py`` (SD1.5 LoRA on CPU) under ``accelerate launch``:
+    resumes with ``--resume``; every run prints bitsandbytes' AVX512-BF16 warning first, as it does on
+    the bed's machine (``tests/real/bnb_warning``)."""
+
+    name = "sd-scripts"
+    remedy_fault = "flag_conflict"
+
+    def _prepare(self) -> str | None:
+        found = realkohya.build_bed()
+        if isinstance(found, str):
+            return found
+        self.tree = found
+        return None
+
+    def env(self) -> dict[str, str]:
+        inherited = os.environ.get("PYTHONPATH")
+        return self.tree.env(PYTHONPATH=os.pathsep.join(p for p in (str(BNB_WARNING), inherited) if p))
+
+    def launch(self, case: Case, out: Path, tmp: Path) -> Launch:
+        if case != "remedy":
+            return Launch(self.tree.command(out), self.tree.sd_scripts, self.env(), resumes=True)
+        # cache_latents in a --config_file and random_crop in the --dataset_config: real sd-scripts
+        # refuses the pair ("when caching latents, either color_aug or random_crop cannot be used").
+        config, dataset = self._remedy_files(tmp)
+        argv = self.tree.command(out, "--config_file", str(config), "--cache_latents_to_disk", dataset=dataset,
+                                 steps=10)
+        return Launch(argv, self.tree.sd_scripts, self.env(), resumes=True)
+
+    def _remedy_files(self, tmp: Path, write: bool = True) -> tuple[Path, Path]:
+        config, dataset = tmp / "config.toml", tmp / "dataset.toml"
+        if write:
+            config.write_text(CONFIG, encoding="utf-8")
+            dataset.write_text(self._dataset_text(), encoding="utf-8")
+            assert "random_crop = true" in dataset.read_text(encoding="utf-8")
+        return config, dataset
+
+    def _dataset_text(self) -> str:
+        user = (self.tree.root / "data" / "dataset.toml").read_text(encoding="utf-8")
+        return user.replace("[general]\n", "[general]\nrandom_crop = true\n")
+
+    def trainer_process(self, trainsup_pid: int) -> psutil.Process | None:
+        return realkohya.trainer_process(trainsup_pid)  # accelerate's child, not accelerate
+
+    def process_pattern(self, out: Path) -> re.Pattern[str]:
+        # accelerate launch ... train_network.py ... and the python it starts for the script
+        return re.compile(rf"train_network\.py .*--output_dir {re.escape(str(out))}(?: |$)")
+
+    def state_dir(self, out: Path, step: int) -> Path:
+        return out / f"tiny-step{step:08d}-state"
+
+    def state_weights(self, state: Path) -> Path:
+        return state / "model.safetensors"
+
+    @staticmethod
+    def lora_keys(path: Path) -> set[str]:
+        return set(load_file(str(path)))
+
+    def check_clean(self, run: Run) -> None:
+        out = run.out
+        text = run.log_text(1)
+        assert BNB in text and text.index(BNB) < text.index("steps:")  # printed before training started
+        assert run.of("finished")[0]["final_weights"] == str(out / "tiny.safetensors")
+        assert any(k.startswith("lora_unet_") for k in self.lora_keys(out / "tiny.safetensors"))
+        # The dataset config ([general], [[datasets]], [[datasets.subsets]]) reached the trainer as a
+        # derived copy that reads as the user's file.
+        argv = run.starts()[0]["argv"]
+        derived = Path(argv[argv.index("--dataset_config") + 1])
+        assert derived == run.run_dir / "derived" / "attempt-1.dataset.toml"
+        user = tomllib.loads((self.tree.root / "data" / "dataset.toml").read_text())
+        assert tomllib.loads(derived.read_text()) == user and user["datasets"][0]["subsets"]
+        ledger = json.loads((run.run_dir / "ledger.json").read_text())
+        assert [s["step"] for s in ledger["states"]] == [5, 10, 15, 20, 20]
+        clean = diagnose(run.log(1))
+        assert clean["fault"] is None, clean
+
+    def check_killed(self, run: Run) -> None:
+        out = run.out
+        assert "tiny-step00000010-state/random_states_0.pkl" in run.marks["digest"]
+        assert run.of("attempt_end")[0]["child_signal"] == 9  # accelerate: `died with <Signals.SIGKILL: 9>`
+        newest = self.state_dir(out, 10)
+        argv = run.starts()[-1]["argv"]
+        assert argv[argv.index("--resume") + 1] == str(newest) and "--skip_until_initial_step" in argv
+        ledger = json.loads((run.run_dir / "ledger.json").read_text())
+        # Step 10 is the third batch of epoch 2 (8 batches an epoch). With --skip_until_initial_step
+        # real sd-scripts skips to it but counts from 2, the position inside the epoch: its label L is
+        # step L + 8. It then finishes epoch 3 (its `global_step >= max_train_steps` break never
+        # fires), so it trains to step 24; trainsup says so before it happens. Under the user's output
+        # name its post-resume saves would land on tiny-step00000005/10 again: they are renamed.
+        resumed = [(Path(s["dir"]).name, s["label"], s["step"]) for s in ledger["states"] if s["attempt"] == 2]
+        assert resumed == [("tiny-trainsup2-step00000005-state", 5, 13), ("tiny-trainsup2-step00000010-state", 10, 18),
+                           ("tiny-trainsup2-step00000015-state", 15, 23), ("tiny-trainsup2-state", 16, 24)]
+        assert [w["extra_steps"] for w in run.of("warning")] == [4]
+        assert run.of("finished")[0]["final_weights"] == str(out / "tiny.safetensors")
+        assert self.lora_keys(out / "tiny.safetensors") == self.lora_keys(out / "tiny-step00000010.safetensors")
+        killed = diagnose(run.log(1))
+        assert "SIGKILL" in killed["evidence"], killed
+
+    def check_cut(self, run: Run) -> None:
+        # The resumed attempt writes under a name of its own: the cut state is left as it was.
+        assert all("trainsup2" in Path(s["dir"]).name for s in run.of("state_saved") if s["attempt"] == 2)
+        assert run.of("finished")[0]["final_weights"] == str(run.out / "tiny.safetensors")
+
+    def check_remedy(self, run: Run) -> None:
+        # trainsup drops the caching, never the augmentation: from a derived copy of each file.
+        config, dataset = self._remedy_files(run.out.parent, write=False)
+        fault = run.of("fault")[0]
+        assert "when caching latents" in fault["evidence"]
+        actions = run.of("remedy")[0]["actions"]
+        assert any("remove --cache_latents" in a and str(config) in a for a in actions), actions
+        argv2 = run.starts()[-1]["argv"]
+        assert "--cache_latents_to_disk" not in argv2
+        script_args = argv2[argv2.index("train_network.py"):]  # accelerate has a --config_file of its own
+        assert argv2[argv2.index("--config_file") + 1] == str(self.tree.root / "accel.yaml")
+        derived_config = Path(script_args[script_args.index("--config_file") + 1])
+        derived_dataset = Path(script_args[script_args.index("--dataset_config") + 1])
+        assert derived_config.parent == derived_dataset.parent == run.run_dir / "derived"
+        assert "cache_latents" not in tomllib.loads(derived_config.read_text())["caching"]
+        assert "# speed" in derived_config.read_text()  # the user's comments travel with the copy
+        assert tomllib.loads(derived_dataset.read_text())["general"]["random_crop"] is True
+        # the user's files are untouched
+        assert config.read_text(encoding="utf-8") == CONFIG
+        assert dataset.read_text(encoding="utf-8") == self._dataset_text()
+        assert (run.out / "tiny.safetensors").is_file()
+        assert not list(self.tree.root.joinpath("data/images").glob("*.npz"))
+        # The copies are what the trainer read: its log names them.
+        assert f"Loading dataset config from {derived_dataset}" in run.log_text(2)
+
+
+# --- LitGPT ----------------------------------------------------------------------------------------
+LITGPT_SETUP = ROOT.parent / "shared" / "reallitgpt" / "setup"
+
+
+class LitgptBed(Bed):
+    """The real ``litgpt`` CLI (0.5.13, tiny random model on CPU), one bed per training method:
+    ``finetune_full`` resumes from a step folder; ``finetune_lora`` cannot (a restart starts from step
+    0, into an out dir of its own)."""
+
+    remedy_fault = "lr_schedule"
+
+    def __init__(self, method: Literal["finetune_full", "finetune_lora"]) -> None:
+        super().__init__()
+        self.method = method
+        self.name = f"litgpt-{method.removeprefix('finetune_')}"
+
+    def _prepare(self) -> str | None:
+        if os.environ.get("TRAINSUP_REALLITGPT") != "1":
+            return ("TRAINSUP_REALLITGPT is not 1: set it (and TRAINSUP_REALLITGPT_DIR, default "
+                    "~/.cache/trainsup-reallitgpt) to run the real LitGPT tier")
+        self.root = _litgpt_root()
+        return None
+
+    def command(self, out: Path, warmup: int = 2) -> list[str]:
+        """The README's working command, for this bed's method."""
+        d = self.root
+        return [str(d / "venv/bin/litgpt"), self.method, str(d / "checkpoints/tiny-gpt"), "--out_dir", str(out),
+                "--precision", "32-true", "--data", "JSON", "--data.json_path", str(d / "data/instructions.json"),
+                "--data.val_split_fraction", "0.125", "--data.num_workers", "0",
+                "--train.global_batch_size", "4", "--train.micro_batch_size", "4", "--train.epochs", "1000",
+                "--train.max_steps", "20", "--train.save_interval", "5", "--train.lr_warmup_steps", str(warmup),
+                "--eval.interval", "10", "--eval.max_iters", "2", "--eval.max_new_tokens", "8"]
+
+    def launch(self, case: Case, out: Path, tmp: Path) -> Launch:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINSUP_DEMO_")}
+        env.update(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+        # remedy: a warmup as long as the run; the cosine phase then divides by zero at the last step
+        argv = self.command(out, warmup=20 if case == "remedy" else 2)
+        return Launch(argv, tmp, env, resumes=self.method == "finetune_full")
+
+    def trainer_process(self, trainsup_pid: int) -> psutil.Process | None:
+        for p in children(trainsup_pid):
+            argv = cmdline(p)
+            if any(Path(a).name == "litgpt" for a in argv[:2]) and self.method in argv:
+                return p
+        return None
+
+    def process_pattern(self, out: Path) -> re.Pattern[str]:
+        return re.compile(rf"/litgpt {self.method} .*--out_dir {re.escape(str(out))}(?: |$)")
+
+    def state_dir(self, out: Path, step: int) -> Path:
+        return out / f"step-{step:06d}"
+
+    def state_weights(self, state: Path) -> Path:
+        return state / ("lit_model.pth" if self.method == "finetune_full" else "lit_model.pth.lora")
+
+    def check_clean(self, run: Run) -> None:
+        assert (run.out / "final" / "lit_model.pth").is_file()
+        assert [s["step"] for s in run.of("state_saved")][:4] == [5, 10, 15, 20]
+
+    def check_killed(self, run: Run) -> None:
+        argv1, argv2 = run.starts()[0]["argv"], run.starts()[-1]["argv"]
+        if self.method == "finetune_lora":
+            # No resume: LitGPT would write step-000005/... over attempt 1's, file by file.
+            assert value_after(argv2, "--out_dir") != str(run.out), argv2
+        else:
+            assert value_after(argv2, "--out_dir") == value_after(argv1, "--out_dir") == str(run.out)
+        assert (run.out / "final" / "lit_model.pth").is_file()
+
+    def check_remedy(self, run: Run) -> None:
+        fault = run.of("fault")[0]
+        assert "ZeroDivisionError" in (fault["evidence"] or ""), fault
+        argv2 = run.starts()[1]["argv"]
+        assert value_after(argv2, "--train.lr_warmup_steps") == "19", argv2
+        # LitGPT keeps the LR schedule in its states: the corrected run starts from step 0, and not in
+        # the out dir whose step folders it would overwrite.
+        assert run.starts()[1]["resume_from"] is None and value_after(argv2, "--out_dir") != str(run.out)
+        final = Path(run.of("finished")[0]["final_weights"])
+        trained = yaml.safe_load((final / "hyperparameters.yaml").read_text())
+        assert trained["train"]["lr_warmup_steps"] == 19 and trained["train"]["max_steps"] == 20
+        assert "| iter 20 step 20 |" in run.log_text(2)
+
+
+def _litgpt_root() -> Path:
+    where = os.environ.get("TRAINSUP_REALLITGPT_DIR") or str(Path.home() / ".cache" / "trainsup-reallitgpt")
+    if not LITGPT_SETUP.is_file():
+        raise RuntimeError(f"TRAINSUP_REALLITGPT=1: no bed builder at {LITGPT_SETUP}")
+    done = subprocess.run(["bash", str(LITGPT_SETUP), where], capture_output=True, text=True, timeout=3600,
+                          check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"building the LitGPT bed failed ({LITGPT_SETUP} {where}):\n{done.stderr[-3000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+# --- a trainer of its own shape, declared in a project's trainer: section ---------------------------
+OWN_SHAPE = str(ROOT / "tests" / "children" / "own_shape_trainer.py")
+
+
+def own_shape_weight(steps: int = 20) -> float:
+    """The weight own_shape_trainer.py ends with after ``steps`` uninterrupted steps."""
+    weight = 1.0
+    for step in range(1, steps + 1):
+        weight = weight * 0.97 + step * 1e-3
+    return weight
+
+
+class OwnShapeBed(Bed):
+    """tests/children/own_shape_trainer.py (no torch, no download), known to trainsup only through a
+    project's declarative ``trainer:`` section: always here. A state is ``ckpt-N/`` with
+    ``weight.json`` then ``done.marker``; it resumes exactly with ``--from``."""
+
+    name = "own-shape"
+    remedy_fault = "cuda_oom"
+
+    def _prepare(self) -> str | None:
+        return None
+
+    def launch(self, case: Case, out: Path, tmp: Path) -> Launch:
+        # 0.2 s a step: a state every 1.2 s, longer than trainsup's look on disk (0.5 s), so the
+        # state_saved of step 10 is journaled before step 15 is saved.
+        argv = [sys.executable, OWN_SHAPE, "--out", str(out), "--steps", "20", "--every", "5", "--step-seconds", "0.2"]
+        trainer = {"states": str(out / "ckpt-*"), "complete": "done.marker", "step": r"ckpt-(\d+)$",
+                   "resume": ["--from", "{state}"],
+                   "progress": r"\[step (?P<step>\d+)/(?P<total>\d+)\] loss=(?P<loss>\S+)", "success": "^all done$"}
+        # remedy: out of (simulated) GPU memory at step 12 unless the allocator setting is there
+        env = clean_env(**({"OWN_SHAPE_OOM_AT": "12"} if case == "remedy" else {}))
+        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        return Launch(argv, ROOT, env, resumes=True, trainer=trainer)
+
+    def trainer_process(self, trainsup_pid: int) -> psutil.Process | None:
+        for p in children(trainsup_pid):
+            argv = cmdline(p)
+            if len(argv) > 1 and argv[1] == OWN_SHAPE:
+                return p
+        return None
+
+    def process_pattern(self, out: Path) -> re.Pattern[str]:
+        return re.compile(rf"{re.escape(OWN_SHAPE)} --out {re.escape(str(out))}(?: |$)")
+
+    def state_dir(self, out: Path, step: int) -> Path:
+        return out / f"ckpt-{step}"
+
+    def state_weights(self, state: Path) -> Path:
+        return state / "weight.json"
+
+    def cut_state(self, state: Path) -> None:
+        # This trainer writes done.marker after the weights: a save cut half-way has none.
+        super().cut_state(state)
+        (state / "done.marker").unlink()
+
+    def _assert_exact(self, run: Run) -> None:
+        final = json.loads((run.out / "final.json").read_text())
+        assert math.isclose(final["weight"], own_shape_weight(), rel_tol=0, abs_tol=1e-12), final
+
+    def check_clean(self, run: Run) -> None:
+        self._assert_exact(run)
+        assert [s["step"] for s in run.of("state_saved")] == [5, 10, 15, 20]
+
+    def check_killed(self, run: Run) -> None:
+        self._assert_exact(run)  # resumed exactly: the weight of an uninterrupted run
+
+    def check_cut(self, run: Run) -> None:
+        self._assert_exact(run)
+        aside = [Path(e["dir"]).name for e in run.of("state_set_aside")]
+        assert "ckpt-10" in aside, aside  # moved out of the resumed trainer's way, never deleted
+
+    def check_remedy(self, run: Run) -> None:
+        assert run.starts()[0]["env"] == {}
+        assert run.starts()[1]["env"] == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+        assert run.starts()[1]["resume_from"] == str(self.state_dir(run.out, 10))
+        assert "[step 12/20]" in run.log_text(2) and "CUDA out of memory" not in run.log_text(2)
+        self._assert_exact(run)
+
+
+BEDS: tuple[Bed, ...] = (KohyaBed(), LitgptBed("finetune_full"), LitgptBed("finetune_lora"), OwnShapeBed())

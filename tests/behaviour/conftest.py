@@ -1,0 +1,83 @@
+"""The beds, and the runs the suite's tests share: one run of each kind per bed (module scope), so a
+real trainer runs each case once however many tests read it."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.behaviour.beds import BEDS, Bed
+from tests.behaviour.harness import Ctx, Run, digest_tree, supervise
+
+
+@pytest.fixture(scope="module", params=BEDS, ids=[b.name for b in BEDS])
+def bed(request: pytest.FixtureRequest) -> Bed:
+    chosen: Bed = request.param
+    why = chosen.prepare()
+    if why is not None:
+        pytest.skip(f"{chosen.name}: {why}")
+    return chosen
+
+
+def _run(bed: Bed, case: Any, factory: pytest.TempPathFactory, hook: Any = None) -> Run:
+    tmp = factory.mktemp(f"{bed.name}-{case}")
+    out = tmp / "out"
+    return supervise(bed.launch(case, out, tmp), out, tmp, hook)
+
+
+def kill_at_state_10(bed: Bed, cut: bool) -> Any:
+    """A hook: when the journal says attempt 1 saved step 10, (cut that state, then) kill -9 the
+    trainer, wait until it is gone, and keep a digest of the output dir as the kill left it."""
+
+    def hook(event: dict[str, Any], ctx: Ctx) -> None:
+        if event["event"] != "state_saved" or event["step"] != 10 or event["attempt"] != 1 or "killed" in ctx.marks:
+            return
+        trainer = bed.trainer_process(ctx.pid)
+        assert trainer is not None, f"{bed.name}: no trainer process under trainsup"
+        if cut:
+            bed.cut_state(bed.state_dir(ctx.out, 10))
+        trainer.kill()
+        psutil.wait_procs([trainer], timeout=30)
+        ctx.marks["killed"] = trainer.pid
+        ctx.marks["digest"] = digest_tree(ctx.out)
+
+    return hook
+
+
+def sigterm_at_state_5(event: dict[str, Any], ctx: Ctx) -> None:
+    """A hook: while the trainer trains (attempt 1 saved step 5), SIGTERM to trainsup; keep the
+    trainer's process tree as it was then."""
+    if event["event"] != "state_saved" or event["step"] != 5 or "tree" in ctx.marks:
+        return
+    ctx.marks["tree"] = psutil.Process(ctx.pid).children(recursive=True)
+    ctx.marks["argvs"] = [p.cmdline() for p in ctx.marks["tree"]]
+    os.kill(ctx.pid, signal.SIGTERM)
+
+
+@pytest.fixture(scope="module")
+def clean_run(bed: Bed, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    return _run(bed, "clean", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def killed_run(bed: Bed, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    return _run(bed, "kill", tmp_path_factory, kill_at_state_10(bed, cut=False))
+
+
+@pytest.fixture(scope="module")
+def cut_run(bed: Bed, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    return _run(bed, "cut", tmp_path_factory, kill_at_state_10(bed, cut=True))
+
+
+@pytest.fixture(scope="module")
+def remedy_run(bed: Bed, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    return _run(bed, "remedy", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def sigterm_run(bed: Bed, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    return _run(bed, "sigterm", tmp_path_factory, sigterm_at_state_5)

@@ -1,0 +1,104 @@
+"""What trainsup promises for every trainer behind an adapter, on each bed's real trainer.
+
+Written once, parametrized over the beds (``beds.BEDS``): a clean run finishes clean; a trainer
+killed -9 after its state of step 10 resumes from that state (or, where it cannot resume, restarts as
+its adapter says) and nothing it had written changes; a state cut mid-save is never resumed from; a
+fault trainsup can fix is fixed through the next launch; ``diagnose`` agrees with the journal; and a
+SIGTERM to trainsup ends it with 143 and leaves none of the trainer's processes behind.
+"""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+
+from tests.behaviour.beds import Bed, cmdline
+from tests.behaviour.harness import Run, changed_since, diagnose
+
+
+def assert_finished(run: Run) -> None:
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.events[-1]["event"] == "finished", run.events[-1]
+
+
+def test_a_clean_run_finishes_with_no_fault(bed: Bed, clean_run: Run) -> None:
+    assert_finished(clean_run)
+    assert not clean_run.of("fault") and len(clean_run.starts()) == 1
+    steps = [s["step"] for s in clean_run.of("state_saved")]
+    assert {5, 10, 15, 20} <= set(steps), steps
+    bed.check_clean(clean_run)
+
+
+def test_a_killed_trainer_resumes_from_its_newest_complete_state_and_nothing_it_wrote_changes(
+        bed: Bed, killed_run: Run) -> None:
+    run = killed_run
+    assert "killed" in run.marks, "the trainer was never killed: no state_saved of step 10 in attempt 1"
+    assert_finished(run)
+    assert run.faults() == ["host_oom_killed"]  # a kill -9 reads as the kernel's OOM killer's
+    start = run.starts()[-1]
+    if run.launch.resumes:
+        assert (start["resume_from"], start["resume_step"]) == (str(bed.state_dir(run.out, 10)), 10)
+    else:
+        assert (start["resume_from"], start["resume_step"]) == (None, 0)
+    changed = changed_since(run.marks["digest"], run)
+    assert not changed, f"changed or gone since the kill: {changed}"
+    bed.check_killed(run)
+
+
+def test_a_state_cut_mid_save_is_never_resumed_from(bed: Bed, cut_run: Run) -> None:
+    run = cut_run
+    assert "killed" in run.marks, "the trainer was never killed: no state_saved of step 10 in attempt 1"
+    assert_finished(run)
+    cut = str(bed.state_dir(run.out, 10))
+    assert cut not in [s["resume_from"] for s in run.starts()]
+    start = run.starts()[-1]
+    if run.launch.resumes:
+        assert (start["resume_from"], start["resume_step"]) == (str(bed.state_dir(run.out, 5)), 5)
+    else:
+        assert (start["resume_from"], start["resume_step"]) == (None, 0)
+    bed.check_cut(run)
+
+
+def test_a_fault_trainsup_can_fix_is_fixed_in_the_next_launch(bed: Bed, remedy_run: Run) -> None:
+    run = remedy_run
+    assert run.faults(1) == [bed.remedy_fault], run.of("fault")
+    remedies = [r for r in run.of("remedy") if r["class"] == bed.remedy_fault]
+    assert remedies and remedies[0]["actions"], run.of("remedy")
+    first, second = run.starts()[:2]
+    assert (first["argv"], first["env"]) != (second["argv"], second["env"])  # the fix is in the launch
+    assert_finished(run)
+    bed.check_remedy(run)
+
+
+@pytest.mark.parametrize("which", ["killed_run", "remedy_run"])
+def test_diagnose_names_the_fault_the_journal_names(bed: Bed, which: str, request: pytest.FixtureRequest) -> None:
+    run: Run = request.getfixturevalue(which)
+    journaled = run.of("fault")[0]
+    assert journaled["attempt"] == 1
+    offline = diagnose(run.log(1))
+    if offline["fault"] != journaled["class"] and journaled["evidence"] is None:
+        # The class came from how the attempt ended (its exit signal), not from a line: the attempt
+        # log does not record how the attempt ended, so diagnose cannot tell (a trainsup gap).
+        pytest.xfail(f"{bed.name}: the journal's {journaled['class']} has no evidence line and the attempt "
+                     f"log does not say how the trainer ended; diagnose says {offline['fault']}")
+    assert offline["fault"] == journaled["class"], offline
+
+
+def test_sigterm_to_trainsup_exits_143_and_leaves_none_of_the_trainers_processes(bed: Bed, sigterm_run: Run) -> None:
+    run = sigterm_run
+    assert run.marks.get("tree"), "trainsup was never signalled while the trainer trained"
+    assert run.returncode == 143, run.stderr[-3000:]
+    assert run.events[-1]["event"] == "gave_up" and run.events[-1]["exit_code"] == 143, run.events[-1]
+    alive = [p for p in run.marks["tree"] if _running(p)]
+    pattern = bed.process_pattern(run.out)
+    assert any(pattern.search(" ".join(argv)) for argv in run.marks["argvs"]), run.marks["argvs"]  # the pattern works
+    matching = [p for p in psutil.process_iter() if pattern.search(" ".join(cmdline(p)))]
+    assert not alive and not [p for p in matching if _running(p)], [cmdline(p) for p in alive + matching]
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
