@@ -76,11 +76,7 @@ def test_diagnose_names_the_fault_the_journal_names(bed: Bed, which: str, reques
     journaled = run.of("fault")[0]
     assert journaled["attempt"] == 1
     offline = diagnose(run.log(1))
-    if offline["fault"] != journaled["class"] and journaled["evidence"] is None:
-        # The class came from how the attempt ended (its exit signal), not from a line: the attempt
-        # log does not record how the attempt ended, so diagnose cannot tell (a trainsup gap).
-        pytest.xfail(f"{bed.name}: the journal's {journaled['class']} has no evidence line and the attempt "
-                     f"log does not say how the trainer ended; diagnose says {offline['fault']}")
+    # A trainer killed outright prints nothing about it: then the run's journal beside the log says.
     assert offline["fault"] == journaled["class"], offline
 
 

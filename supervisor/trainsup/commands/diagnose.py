@@ -15,6 +15,7 @@ the file; the other files are still classified.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import sys
 from collections.abc import Sequence
@@ -28,10 +29,13 @@ from ..faults.remedies import NOT_RESTARTABLE, Action, Rung, stop
 from ..faults.remedies import ladder as builtin_ladder
 from ..faults.rules import BUILTIN_RULES, FaultRule
 from ..faults.userrules import compose_rules
+from ..record.journal import read_events
 from ..run.decide import select_rung, stops_at_once
 from ..trainers.base import Plan, Setup, TrainerRun, rung_applies
 from ..trainers.interpreter import upgrade_command
 from ..trainers.registry import family_rules, open_run
+
+_ATTEMPT_LOG = re.compile(r"^attempt-(\d+)\.log$")
 
 __all__ = ["Diagnosis", "diagnose_path", "diagnose_scan", "plan_remedy", "run_diagnose"]
 
@@ -155,15 +159,40 @@ def _explanation(fault: str, rules: Sequence[FaultRule]) -> str:
     return _UNKNOWN_WHY if fault == "unknown" else ""
 
 
+def journaled_ending(path: Path) -> tuple[str, str] | None:
+    """For a run dir's ``attempt-N.log``: the fault trainsup journaled for attempt N and how the
+    trainer ended, from ``events.jsonl`` beside it. A trainer killed outright prints nothing about
+    it (accelerate does; a bare trainer does not): only the supervisor saw the signal."""
+    m = _ATTEMPT_LOG.match(path.name)
+    if m is None:
+        return None
+    attempt = int(m.group(1))
+    try:
+        events = read_events(path.parent)
+    except (OSError, ValueError):
+        return None
+    fault = next((e for e in events if e.get("event") == "fault" and e.get("attempt") == attempt), None)
+    end = next((e for e in events if e.get("event") == "attempt_end" and e.get("attempt") == attempt), {})
+    if fault is None or not isinstance(fault.get("class"), str):
+        return None
+    sig = end.get("signal") or end.get("child_signal")
+    how = f"signal {sig}" if sig else f"exit {end.get('exit_code')}"
+    return fault["class"], f"(the run's journal: attempt {attempt} ended by {how})"
+
+
 def diagnose_scan(name: str, scan: LogScan, rules: Sequence[FaultRule] = BUILTIN_RULES,
-                  command: list[str] | None = None, allow_upgrade: bool = True) -> Diagnosis:
-    """The diagnosis of one scanned log."""
+                  command: list[str] | None = None, allow_upgrade: bool = True,
+                  journaled: tuple[str, str] | None = None) -> Diagnosis:
+    """The diagnosis of one scanned log; ``journaled``: what the run's journal says of its end,
+    used when the log itself holds no evidence."""
     diagnosis = Diagnosis(name, success=scan.success)
     verdict = scan.verdict
     if verdict is not None and (not scan.success or verdict.live):
         # A run that finished is clean whatever it printed on the way; only a live fault counts.
         diagnosis.fault, diagnosis.line = verdict.fault, verdict.lineno
         diagnosis.evidence = strip_ansi(verdict.line)
+    elif journaled is not None and not scan.success:
+        diagnosis.fault, diagnosis.evidence = journaled
     elif scan.failed:
         diagnosis.fault = "unknown"
     if diagnosis.fault is None:
@@ -200,7 +229,7 @@ def diagnose_path(path: str, rules: Sequence[FaultRule], command: list[str] | No
     """Diagnose a file, or stdin for ``-``.  Raises OSError when the input cannot be read."""
     if path == "-":
         return diagnose_scan("-", scan_log(sys.stdin.buffer, rules), rules, command, allow_upgrade)
-    return diagnose_scan(path, scan_file(path, rules), rules, command, allow_upgrade)
+    return diagnose_scan(path, scan_file(path, rules), rules, command, allow_upgrade, journaled_ending(Path(path)))
 
 
 def format_text(d: Diagnosis) -> str:

@@ -302,6 +302,11 @@ class TrainerFamily(Protocol):
         """A session for one run; raises ``UsageError`` for a command or file it cannot use."""
         ...
 
+    def rules(self) -> tuple[FaultRule, ...]:
+        """The family's own fault rules for a log of any trainer (``diagnose``, which may not know
+        the command). A run's ``TrainerRun.rules()`` may add rules too weak for unknown logs."""
+        ...
+
 
 def restart_with_same_settings(action: Action) -> str | None:
     """The actions every trainer carries out the same way (the engine does them, not a plan edit)."""

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..faults import remedies
 from ..faults.remedies import Action, Rung
+from ..faults.rules import FaultRule
 from ..record.journal import Journal
 from ..record.ledger import Ledger, StateRecord
 from .base import ArgvPlan, Finding, Plan, Say, Setup, TrainerRun, apply_env, restart_with_same_settings
@@ -118,6 +119,9 @@ class CommandRun(TrainerRun):
 class CommandFamily:
     name = "command"
     description = "any command: restarts, hangs on silence, GPU reclaim; no states, no flag remedies"
+
+    def rules(self) -> tuple[FaultRule, ...]:
+        return ()  # the built-in table is this trainer's wording
 
     def detect(self, argv: Sequence[str]) -> int:
         return 1 if argv else 0

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..faults.matchers import Progress
+from ..faults.rules import FaultRule
 from ..record.journal import Journal
 from ..record.ledger import Ledger, StateRecord
 from .base import (
@@ -197,6 +198,9 @@ def _without_flag(argv: list[str], flag: str) -> list[str]:
 class DeclarativeFamily:
     name = "declarative"
     description = "any command plus a project's trainer: section (states, complete marker, resume, lines)"
+
+    def rules(self) -> tuple[FaultRule, ...]:
+        return ()  # the built-in table is this trainer's wording
 
     def detect(self, argv: Sequence[str]) -> int:
         return 0  # chosen only by a project's trainer: mapping

@@ -37,14 +37,9 @@ def families() -> dict[str, TrainerFamily]:
 
 
 def family_rules() -> tuple[FaultRule, ...]:
-    """Every adapter's own fault rules (a family may offer ``rules()``): ``diagnose`` reads logs
-    whose trainer it may not know, so it tries them all before the built-in table."""
-    found: list[FaultRule] = []
-    for family in families().values():
-        rules = getattr(family, "rules", None)
-        if callable(rules):
-            found.extend(rules())
-    return tuple(found)
+    """Every adapter's own fault rules (``TrainerFamily.rules``): ``diagnose`` reads logs whose
+    trainer it may not know, so it tries them all before the built-in table."""
+    return tuple(rule for family in families().values() for rule in family.rules())
 
 
 def choose(argv: Sequence[str], trainer: str | Mapping[str, Any] | None = None) -> TrainerFamily:

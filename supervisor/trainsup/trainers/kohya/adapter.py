@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ...faults import remedies
 from ...faults.remedies import Action, Rung
+from ...faults.rules import FaultRule
 from ...record.journal import Journal
 from ...record.ledger import Ledger, StateRecord
 from ..base import Finding, Notice, Plan, Say, Setup, TrainerRun
@@ -132,6 +133,9 @@ class KohyaRun(TrainerRun):
 class KohyaFamily:
     name = "kohya"
     description = "kohya-ss sd-scripts and musubi-tuner (train_network.py, flux_train_network.py, ...)"
+
+    def rules(self) -> tuple[FaultRule, ...]:
+        return ()  # the built-in table is this trainer's wording
 
     def detect(self, argv: Sequence[str]) -> int:
         try:
