@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -32,6 +34,15 @@ def wait_until(predicate: Callable[[], object], timeout: float = 30.0, interval:
 
 def trainsup_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "trainsup.cli", *args]
+
+
+def diagnose_json(log: Path) -> dict[str, Any]:
+    """`trainsup diagnose --json` on one saved log, as a user runs it."""
+    done = subprocess.run(trainsup_cmd("diagnose", "--json", str(log)), capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout.splitlines()[0])
+    return result
 
 
 def run_trainsup(args: list[str], cwd: Path, timeout: float = 240, env: dict[str, str] | None = None,

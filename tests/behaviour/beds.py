@@ -25,8 +25,9 @@ import psutil
 import yaml
 from safetensors.numpy import load_file
 
-from tests.behaviour.harness import Launch, Run, diagnose
+from tests.behaviour.harness import Launch, Run
 from tests.conftest import ROOT
+from tests.conftest import diagnose_json as diagnose
 from tests.e2e.demo_harness import clean_env
 from tests.real import bed as realkohya
 from tests.real.test_real_runs import BNB

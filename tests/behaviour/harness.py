@@ -142,10 +142,3 @@ def changed_since(before: dict[str, str], run: Run) -> list[str]:
     return changed
 
 
-def diagnose(log: Path) -> dict[str, Any]:
-    """`trainsup diagnose --json` on one saved log."""
-    done = subprocess.run(trainsup_cmd("diagnose", "--json", str(log)), capture_output=True, text=True,
-                          timeout=120, check=False)
-    assert done.returncode == 0, done.stderr
-    result: dict[str, Any] = json.loads(done.stdout.splitlines()[0])
-    return result

@@ -13,7 +13,8 @@ import psutil
 import pytest
 
 from tests.behaviour.beds import Bed, cmdline
-from tests.behaviour.harness import Run, changed_since, diagnose
+from tests.behaviour.harness import Run, changed_since
+from tests.conftest import diagnose_json as diagnose
 
 
 def assert_finished(run: Run) -> None:

@@ -6,10 +6,11 @@ import json
 import subprocess
 from pathlib import Path
 
+from tests.conftest import diagnose_json as diagnose
 from tests.conftest import trainsup_cmd
 from tests.e2e.demo_harness import supervise
 from tests.real.bed import Bed
-from tests.real.test_real_runs import BNB, POLICY, diagnose
+from tests.real.test_real_runs import BNB, POLICY
 
 
 def doctor(bed: Bed, argv: list[str]) -> tuple[int, dict[str, object]]:

@@ -10,14 +10,11 @@ sd-scripts' own assertions in its bed, tests/behaviour/beds.py).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
-import subprocess
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import trainsup_cmd
 from tests.e2e.demo_harness import supervise
 from tests.real.bed import Bed, trainer_process, trainsup_pid_of
 
@@ -25,12 +22,6 @@ POLICY = "backoff:\n  initial_s: 0.5\n  max_s: 1\nstop:\n  grace_s: 10\n"
 BNB = "Failed to load CPU gemm_4bit_forward from kernels-community: No module named 'kernels'"
 
 
-def diagnose(log: Path) -> dict[str, Any]:
-    done = subprocess.run(trainsup_cmd("diagnose", "--json", str(log)), capture_output=True, text=True,
-                          timeout=120, check=False)
-    assert done.returncode == 0, done.stderr
-    result: dict[str, Any] = json.loads(done.stdout.splitlines()[0])
-    return result
 
 
 def test_a_frozen_trainer_is_a_hang_with_its_stacks_and_is_resumed(bed: Bed, tmp_path: Path) -> None:

@@ -11,13 +11,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import trainsup_cmd
+from tests.conftest import diagnose_json as diagnose
 from tests.e2e.demo_harness import assert_untouched, digest_tree, supervise
 from tests.real_litgpt.bed import KillAtLine, LitBed, trainer_process
 
@@ -25,12 +24,6 @@ POLICY = "backoff:\n  initial_s: 0.5\n  max_s: 1\nstop:\n  grace_s: 10\n"
 EXACT = 1e-6  # the bed's resumes were bit-identical (0); allow float noise, nothing more
 
 
-def diagnose(log: Path) -> dict[str, Any]:
-    done = subprocess.run(trainsup_cmd("diagnose", "--json", str(log)), capture_output=True, text=True,
-                          timeout=120, check=False)
-    assert done.returncode == 0, done.stderr
-    result: dict[str, Any] = json.loads(done.stdout.splitlines()[0])
-    return result
 
 
 def ledger(run_dir: Path) -> dict[str, Any]:
