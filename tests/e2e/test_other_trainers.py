@@ -155,3 +155,20 @@ def test_a_bad_trainer_section_is_a_usage_error_naming_the_key(tmp_path: Path) -
     assert done.returncode == 2
     errors = [line for line in done.stderr.splitlines() if ": error: " in line]
     assert len(errors) == 1 and "trainer.resume" in errors[0] and "{state}" in errors[0], done.stderr
+
+
+def test_a_command_no_adapter_knows_is_a_hang_when_it_falls_silent_and_not_while_it_prints(tmp_path: Path) -> None:
+    # Prints a line every 0.5 s for 3 s (longer than the 2 s timeout: alive, not hung), then nothing.
+    child = ("import sys, time\n"
+             "for i in range(6):\n    print('working', i, flush=True); time.sleep(0.5)\n"
+             "time.sleep(120)\n")
+    out = tmp_path / "out"
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(FAST + "restart:\n  max: 1\nhang:\n  timeout_s: 2\n")
+    code, events, err = run(["--policy", str(policy), "--", sys.executable, "-c", child, "--out", str(out)],
+                            out / ".trainsup", timeout=120)
+    faults = [e for e in events if e["event"] == "fault"]
+    assert faults and all(f["class"] == "hang" for f in faults), err
+    ends = [e for e in events if e["event"] == "attempt_end"]
+    assert ends[0]["uptime_s"] >= 4.5  # the printing phase (3 s) + the silence (2 s): never cut short
+    assert code in (3, 4) and events[-1]["event"] == "gave_up", err
