@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -30,6 +31,20 @@ def wait_until(predicate: Callable[[], object], timeout: float = 30.0, interval:
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def kept_after_move(path: Path, digest: str, events: list[dict[str, Any]]) -> bool:
+    """Whether a file trainsup moved out of the output dir's sight (journal ``state_set_aside`` or
+    ``save_hidden``: a save of its own, or an incomplete one it replaced) is whole where it went."""
+    path = path.resolve()
+    for e in events:
+        if e["event"] not in ("state_set_aside", "save_hidden"):
+            continue
+        src, dst = Path(e["dir"]).resolve(), Path(e["to"])
+        if path == src or path.is_relative_to(src):
+            moved = dst / path.relative_to(src) if path != src else dst
+            return moved.is_file() and hashlib.sha256(moved.read_bytes()).hexdigest() == digest
+    return False
 
 
 def trainsup_cmd(*args: str) -> list[str]:

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from tests.conftest import trainsup_cmd
+from tests.conftest import kept_after_move, trainsup_cmd
 from trainsup.demo.story import follow
 from trainsup.record.journal import read_events
 
@@ -121,24 +121,8 @@ def digest_tree(out: Path) -> dict[str, str]:
 
 
 def changed_since(before: dict[str, str], run: Run) -> list[str]:
-    """Files of ``before`` whose bytes changed or that are gone. A state that trainsup moved out of a
-    resumed trainer's way (journal ``state_set_aside``) counts as kept when its files are whole in
-    the set-aside folder."""
+    """Files of ``before`` whose bytes changed or that are gone. A save that trainsup moved out of
+    the output dir's sight counts as kept when its files are whole where it went."""
     now = digest_tree(run.out)
-    moved = {Path(e["dir"]).resolve(): Path(e["to"]) for e in run.of("state_set_aside")}
-    changed = []
-    for rel, digest in before.items():
-        if now.get(rel) == digest:
-            continue
-        path = (run.out / rel).resolve()
-        kept = False
-        for src, dst in moved.items():
-            if path.is_relative_to(src):
-                aside = dst / path.relative_to(src)
-                kept = aside.is_file() and hashlib.sha256(aside.read_bytes()).hexdigest() == digest
-                break
-        if not kept:
-            changed.append(rel)
-    return changed
-
-
+    return [rel for rel, digest in before.items()
+            if now.get(rel) != digest and not kept_after_move(run.out / rel, digest, run.events)]

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import load_file
 
-from tests.conftest import ROOT, trainsup_cmd
+from tests.conftest import ROOT, kept_after_move, trainsup_cmd
 from trainsup.demo.story import follow
 from trainsup.record.journal import read_events
 
@@ -58,6 +58,11 @@ def assert_same_weights(a: Path, b: Path) -> None:
     assert sorted(wa) == sorted(wb)
     for key in wa:
         np.testing.assert_allclose(wa[key], wb[key], rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def visible_names(out: Path) -> list[str]:
+    """What the user sees in an output dir: every name in it but trainsup's own run dir."""
+    return sorted(p.name for p in out.iterdir() if p.name != ".trainsup")
 
 
 def digest_tree(out: Path) -> dict[str, str]:
@@ -120,11 +125,13 @@ def supervise(argv: list[str], out: Path, tmp: Path, env: dict[str, str] | None 
 
 
 def assert_untouched(run: SupervisedRun, out: Path) -> None:
-    """Every state/weights file that existed at the first fault is byte-identical now."""
+    """Every state/weights file that existed at the first fault is byte-identical now (where it is,
+    or where trainsup moved it out of sight: journal ``state_set_aside``, ``save_hidden``)."""
     assert run.at_first_fault, "no snapshot was taken: the journal recorded no fault"
     now = digest_tree(out)
     for rel, digest in run.at_first_fault.items():
-        assert now.get(rel) == digest, f"{rel} was changed or removed after the fault"
+        assert now.get(rel) == digest or kept_after_move(out / rel, digest, run.events), \
+            f"{rel} was changed or removed after the fault"
 
 
 def copy_state(src_out: Path, dst_out: Path, step: int) -> Path:

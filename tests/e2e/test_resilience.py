@@ -16,6 +16,7 @@ from tests.e2e.demo_harness import (
     demo_argv,
     run_plain,
     supervise,
+    visible_names,
 )
 
 
@@ -57,14 +58,22 @@ def test_sigkill_mid_run_resumes_from_the_newest_complete_state_and_skips_a_half
     assert [f["class"] for f in run.of("fault")] == ["host_oom_killed"]
     start = run.of("attempt_start")[-1]
     assert start["resume_from"] == str(out / "lora-step00000008-state") and start["resume_step"] == 8
-    assert partial.is_dir() and (partial / "train_state.json").exists()  # skipped, never deleted
+    # Never resumed from, never deleted: moved aside whole, and a complete save of step 12 in its place.
+    aside = [e for e in run.of("state_set_aside") if e["dir"] == str(partial)]
+    assert aside and (Path(aside[0]["to"]) / "train_state.json").exists()
+    assert json.loads((partial / "train_state.json").read_text())["current_step"] == 12
     assert_same_weights(out / "lora.safetensors", ref / "lora.safetensors")
+    assert_same_weights(out / "lora-step00000016.safetensors", ref / "lora-step00000016.safetensors")
+    assert visible_names(out) == visible_names(ref)  # as if the run had never been interrupted
     assert_untouched(run, out)
-    # The ledger knows the true step of every state, whatever the trainer labelled it.
+    # The ledger knows the true step of every state, whatever the trainer labelled it; the resumed
+    # attempt's own saves are kept out of sight in the run dir.
     ledger = json.loads((run.run_dir / "ledger.json").read_text())
     steps = {Path(s["dir"]).name: s["step"] for s in ledger["states"]}
     assert steps["lora-step00000008-state"] == 8
-    assert sorted(v for k, v in steps.items() if k.startswith("lora-trainsup2-step")) == [12, 16, 20]
+    resumed = [s for s in ledger["states"] if s["attempt"] == 2 and "-step" in s["dir"]]
+    assert sorted(s["step"] for s in resumed) == [12, 16, 20]
+    assert all(Path(s["dir"]).parent == run.run_dir / "saves" for s in resumed)
     # Exactly the remaining steps after the resume, and the status snapshot agrees.
     assert run.of("attempt_end")[-1]["steps_trained"] == 12
     status = json.loads((run.run_dir / "status.json").read_text())
@@ -94,6 +103,7 @@ def test_a_kill_after_the_last_state_resumes_one_state_earlier(assets: dict[str,
     assert start["attempt"] == 2 and start["resume_from"] == str(out / "lora-step00000016-state")
     assert [f["class"] for f in run.of("fault")] == ["host_oom_killed"]
     assert_same_weights(out / "lora.safetensors", ref / "lora.safetensors")
+    assert visible_names(out) == visible_names(ref)
 
 
 def test_real_child_status_behind_an_accelerate_style_launcher(assets: dict[str, Path], tmp_path: Path) -> None:

@@ -23,6 +23,9 @@ class AttemptRecord:
     resume_step: int  # absolute step the attempt started from (0 = from scratch)
     offset: int | None  # absolute = label + offset; None until the start-up summary was seen
     started: float | None = None  # time.time() at launch: files older than this are not its own
+    skips: bool = True  # launched with kohya's --skip_until_initial_step (mid-epoch label arithmetic)
+    batches: int | None = None  # batches per epoch, from the start-up summary
+    grad_accum: int | None = None
 
 
 @dataclass
@@ -87,6 +90,22 @@ class Ledger:
         for s in self.states:
             if s.dir == str(dir_):
                 return s.step
+        return None
+
+    def moved(self, old: Path, new: Path) -> None:
+        """A state dir was moved (out of the output dir's sight): follow it."""
+        for s in self.states:
+            if s.dir == str(old):
+                s.dir = str(new)
+        self.bad_states = [str(new) if b == str(old) else b for b in self.bad_states]
+        self.save()
+
+    def per_epoch(self) -> int | None:
+        """Optimizer steps per epoch, as the newest attempt's start-up summary said."""
+        for a in reversed(self.attempts):
+            if a.batches:
+                ga = a.grad_accum or 1
+                return math.ceil(a.batches / ga)
         return None
 
     def mark_bad(self, dir_: Path) -> None:

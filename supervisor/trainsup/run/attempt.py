@@ -39,6 +39,7 @@ class AttemptResult:
     stop_signal: int | None  # trainsup was asked to stop
     nan_progress_step: int | None  # attempt-relative bar step where the loss first showed NaN
     stopped_for_change: bool = False  # stopped on purpose (at a checkpoint) to apply an edit
+    completed: bool = False  # stopped on purpose: the last step's state is complete, the run is done
 
 
 @dataclass
@@ -76,6 +77,7 @@ def run_attempt(argv: list[str], env: dict[str, str], cwd: Path, log_path: Path,
     nan_step: int | None = None
     killed = False
     stopped_for_change = False
+    completed = False
     hang_clock = HangClock(hang, started) if hang is not None else None
     hang_evidence: Evidence | None = None
     activity_seen: float | None = None
@@ -109,6 +111,11 @@ def run_attempt(argv: list[str], env: dict[str, str], cwd: Path, log_path: Path,
             elif kind == "stop_for_change":
                 if not killed and exited_at is None:
                     stopped_for_change = True
+                    process.stop_tree(child, grace_s, planned_signal)
+                    killed = True
+            elif kind == "complete":
+                if not killed and exited_at is None:
+                    completed = True
                     process.stop_tree(child, grace_s, planned_signal)
                     killed = True
             elif kind == "summary":
@@ -149,10 +156,10 @@ def run_attempt(argv: list[str], env: dict[str, str], cwd: Path, log_path: Path,
     exit_code, sig = process.exit_signal(child.popen.returncode)
     obs = parser.obs
     uptime = (exited_at or clock()) - started
-    success = obs.success_seen or (exit_code == 0 and hooks.success_fallback())
+    success = completed or obs.success_seen or (exit_code == 0 and hooks.success_fallback())
     obs.child_status, obs.child_signal = scanner.child_status or (None, None)
     info = ExitInfo(exit_code, sig, obs.child_status, obs.child_signal, success)
-    if stop_signal is not None or stopped_for_change:
+    if stop_signal is not None or stopped_for_change or completed:
         fault = None
     elif stopped_live is not None:
         fault = stopped_live
@@ -160,7 +167,8 @@ def run_attempt(argv: list[str], env: dict[str, str], cwd: Path, log_path: Path,
         fault = classify_exit(info, scanner.verdict)
     verdict = hang_evidence if fault == "hang" else scanner.verdict
     evidence = verdict if verdict is not None and verdict.fault == fault else None  # never another fault's line
-    return AttemptResult(exit_code, sig, obs, fault, evidence, uptime, stop_signal, nan_step, stopped_for_change)
+    return AttemptResult(exit_code, sig, obs, fault, evidence, uptime, stop_signal, nan_step, stopped_for_change,
+                         completed)
 
 
 def take_hang_stacks(number: int, pid: int, idle_s: float, clock: HangClock, step: int | None,

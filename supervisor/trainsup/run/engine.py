@@ -225,8 +225,10 @@ class Supervisor:
         self.points.collect()
         if r.fault == "fp8_serializer" and r.obs.saving_state_label is not None:
             self.points.mark_failed_save(r.obs.saving_state_label)
-        # The bar may lag its last redraw; a state this attempt saved proves how far it got.
-        trained = max(self._trained(r.obs.progress.step) if r.obs.progress else 0, self.points.steps_proven())
+        # The bar may lag its last redraw; a state this attempt saved proves how far it got. Stopped
+        # at the last step's state, a step begun after it counts for nothing.
+        trained = self.points.steps_proven() if r.completed else \
+            max(self._trained(r.obs.progress.step) if r.obs.progress else 0, self.points.steps_proven())
         self._status(step=self.resume_step + trained)  # progress snapshots are throttled
         self.nan_abs_step = None if r.nan_progress_step is None else self._absolute(r.nan_progress_step)
         if self.nan_abs_step is not None:
@@ -267,8 +269,10 @@ class Supervisor:
             return  # a snapshot a few times a second is plenty; the bar may redraw far more often
         self._status_written = now
         loss = None if progress.loss is None or math.isnan(progress.loss) else progress.loss
-        self._status(step=self._absolute(progress.step), total=self.trainer.total_steps or progress.total,
-                     loss=loss, rate=progress.rate)
+        total = self.trainer.total_steps or progress.total
+        # Never past the steps asked for: a trainer stopped at the last step may begin one more.
+        step = min(self._absolute(progress.step), total) if total else self._absolute(progress.step)
+        self._status(step=step, total=total, loss=loss, rate=progress.rate)
 
     def _absolute(self, step: int) -> int:
         """The true step of a step the trainer printed (kohya counts from its resume point)."""
@@ -302,6 +306,9 @@ class Supervisor:
         if obs is not None:
             self._on_summary(obs)
         new = self.points.collect(only)
+        if self.points.run_complete:
+            self.events.put(("complete", None))
+            return
         if self.stop_at_checkpoint and new:
             self.stop_at_checkpoint = False
             self.say(f"checkpoint {new[-1].dir} is complete: restarting from it to apply the scheduled change")

@@ -32,6 +32,8 @@ DOCTOR = ("no adapter knows this command: trainsup supervises it without trainer
 class NoStates:
     """A trainer whose states trainsup does not know: nothing to claim, nothing to resume from."""
 
+    run_complete = False
+
     def continue_ledger(self) -> None:
         return None
 

@@ -40,11 +40,17 @@ class LedgerStates:
             if state.attempt == self.attempt and state.step >= from_step:
                 self.ledger.mark_bad(Path(state.dir))
 
-    def newest(self, nan_step: int | None = None, max_steps: int | None = None) -> StateRecord | None:
-        """The newest state to resume from: never a bad one, never one saved at or after a NaN."""
+    run_complete = False  # the last step's state is complete: stop the trainer, the run is done
+
+    def newest(self, nan_step: int | None = None, max_steps: int | None = None,
+               accept: Callable[[StateRecord], bool] = lambda _state: True) -> StateRecord | None:
+        """The newest state to resume from: never a bad one, never one saved at or after a NaN
+        (``accept``: only among the states it takes)."""
         best: StateRecord | None = None
         for state in self.ledger.states:
             if state.dir in self.ledger.bad_states or (nan_step is not None and state.step >= nan_step):
+                continue
+            if not accept(state):
                 continue
             if not self.resumable(state, max_steps):
                 continue

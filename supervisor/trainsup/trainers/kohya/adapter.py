@@ -25,10 +25,11 @@ from ..cmdline import TrainerCommand, find_script
 from ..interpreter import trainer_python
 from . import doctor as kohya_doctor
 from .doctor_checks import CommandView, load_view
+from .exact import epoch_aligned
 from .inputs import KohyaInputs
 from .output import KohyaOutput
 from .plan import LaunchPlan, apply_action, upgrade_spec
-from .points import ResumePoints
+from .points import Cadence, ResumePoints
 from .prepare import prepare
 from .profile import script_info
 
@@ -61,7 +62,12 @@ class KohyaRun(TrainerRun):
 
     def bind(self, run_dir: Path, ledger: Ledger, journal: Journal, say: Say) -> None:
         fp16 = self.plan.value("mixed_precision") == "fp16"
-        self.points = ResumePoints(ledger, self.output_dir or self.cwd, fp16, journal, say, self.prepared.output_name)
+        p = self.prepared
+        ext = str(self.plan.value("save_model_as") or "safetensors")
+        cadence = Cadence(p.max_train_steps, p.save_every_steps, p.user_epoch_every,
+                          ext if ext in ("safetensors", "ckpt", "pt") else "safetensors")
+        self.points = ResumePoints(ledger, self.output_dir or self.cwd, fp16, journal, say, p.output_name,
+                                   cadence, run_dir)
         self.states = self.points
         self.kohya_inputs = KohyaInputs(self.plan, self.cwd, run_dir, self.settings, journal, say)
         self.inputs = self.kohya_inputs
@@ -75,16 +81,29 @@ class KohyaRun(TrainerRun):
         output_name = name if own_name else f"{name or 'last'}-trainsup{attempt}"
         if output_name is not None and not own_name:
             cmd.set("output_name", output_name)
+        skips = True
         if resume is not None:
             cmd.set("resume", resume.dir)
-            cmd.set("skip_until_initial_step")
             cmd.set("initial_step", str(resume.step))
+            # At an epoch's end kohya resumes exactly without skipping (its skip arithmetic is wrong
+            # with gradient accumulation); mid-epoch, skipping at least keeps the epoch's position.
+            skips = not epoch_aligned(resume.step, self.points.per_epoch())
+            if skips:
+                cmd.set("skip_until_initial_step")
+            else:
+                cmd.remove("skip_until_initial_step")
         else:
             cmd.remove("resume")
             cmd.remove("initial_step")
+        saves = self.points.begin(attempt, resume.step if resume else 0, output_name, skips)
+        if not own_name:
+            # Its labels run behind the true steps: a cadence whose saves land on the user's steps.
+            if saves.every:
+                cmd.set("save_every_n_steps", str(saves.every))
+            else:
+                cmd.remove("save_every_n_steps")
         self.kohya_inputs.before_launch(attempt, plan)
         plan.write_derived_configs(run_dir, attempt)
-        self.points.begin(attempt, resume.step if resume else 0, output_name)
         return cmd.argv()
 
     def ladder(self, fault: str) -> tuple[Rung, ...]:

@@ -4,22 +4,37 @@ An attempt claims only the complete states it wrote itself (validated, and newer
 so a same-named state of an earlier run is never mistaken for one of ours), maps their kohya
 labels to absolute steps through the ledger, and names itself so it cannot overwrite what an
 earlier attempt wrote. Choosing where to resume skips bad (half-saved) states and, after a NaN, any
-state from the NaN step on or whose weights are not finite.
+state from the NaN step on or whose weights are not finite; among the rest it prefers a state at an
+epoch's end, the only point sd-scripts resumes from exactly (``exact``). Each claimed save is then
+published under its true name or hidden in the run dir (``publish``), and the state of the last
+step ends the run when the trainer would train past it.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from ...record.fsutil import publish_copy
 from ...record.journal import Journal
 from ...record.ledger import AttemptRecord, Ledger, StateRecord, label_offset, post_resume_overshoot
 from ..ledgerstates import LedgerStates
+from .exact import AttemptSaves, attempt_saves, epoch_aligned
 from .profile import final_weights_name, parse_state_name, state_dir_names, weights_files_for
+from .publish import Publisher
 from .states import check_state, state_dirs
 from .weights import has_non_finite
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """What the user's command saves (with trainsup's additions for a command that saves nothing)."""
+
+    max_steps: int
+    every_steps: int | None
+    every_epochs: int | None  # the user's own epoch cadence; trainsup saves every epoch regardless
+    ext: str = "safetensors"
 
 
 def _names(output_name: str | None) -> set[str]:
@@ -29,13 +44,19 @@ def _names(output_name: str | None) -> set[str]:
 
 class ResumePoints(LedgerStates):
     def __init__(self, ledger: Ledger, output_dir: Path, need_scaler: bool, journal: Journal,
-                 say: Callable[[str], None], user_output_name: str | None = None) -> None:
+                 say: Callable[[str], None], user_output_name: str | None = None,
+                 cadence: Cadence | None = None, run_dir: Path | None = None) -> None:
         super().__init__(ledger, journal, say)
         self.output_dir, self.need_scaler = output_dir, need_scaler
         self.user_output_name = user_output_name  # where the final weights are published
+        self.cadence = cadence or Cadence(0, None, None)
         self.run_started = time.time()
         self.attempt_started = self.run_started
         self.output_name: str | None = None
+        self.saves = AttemptSaves(0, self.cadence.every_steps, frozenset(), None)
+        self.final_from: tuple[Path, Path | None] | None = None  # (weights, state) of the last step
+        self.publisher = Publisher(output_dir, run_dir or output_dir / ".trainsup", self.run_started,
+                                   journal.event)
 
     def continue_ledger(self) -> None:
         """A ledger left by an earlier supervisor of this run dir (it died, or was stopped): claim
@@ -46,27 +67,57 @@ class ResumePoints(LedgerStates):
         last = self.ledger.attempts[-1]
         self.attempt, self.output_name, self.resume_step = last.attempt, last.output_name, last.resume_step
         self.attempt_started = last.started if last.started is not None else self.run_started
-        self.collect()
         self.run_started = min([a.started for a in self.ledger.attempts if a.started is not None]
                                + [self.run_started])
+        self.publisher.run_started = self.run_started
+        self.saves = self._plan(last)
+        self.collect()
 
     # --- one attempt -----------------------------------------------------------------------------
-    def begin(self, attempt: int, resume_step: int, output_name: str | None = None) -> None:
+    def begin(self, attempt: int, resume_step: int, output_name: str | None = None,
+              skips: bool = True) -> AttemptSaves:
+        """Enter the attempt in the ledger; returns the step saves it must make."""
         self.attempt, self.output_name, self.resume_step = attempt, output_name, resume_step
         self.attempt_started = time.time()
-        self.ledger.attempts.append(AttemptRecord(attempt, output_name, resume_step,
-                                                  0 if resume_step == 0 else None, round(self.attempt_started, 3)))
+        self.run_complete, self.final_from = False, None
+        offset = None
+        if resume_step == 0:
+            offset = 0
+        elif not skips:
+            offset = resume_step  # resumed at an epoch's end: kohya counts from 0
+        rec = AttemptRecord(attempt, output_name, resume_step, offset, round(self.attempt_started, 3), skips)
+        self.ledger.attempts.append(rec)
         self.ledger.save()
+        self.saves = self._plan(rec)
+        return self.saves
+
+    def _plan(self, rec: AttemptRecord) -> AttemptSaves:
+        """The step saves of an attempt, from what the ledger knows of it (or of the one before)."""
+        offset, per_epoch = rec.offset, self.ledger.per_epoch()
+        if offset is None and per_epoch is not None:
+            prior = next((a for a in reversed(self.ledger.attempts) if a.batches), None)
+            if prior is not None:
+                offset = label_offset(rec.resume_step, True, prior.batches or 0, prior.grad_accum or 1)
+        c = self.cadence
+        if offset is None or not c.max_steps:
+            return AttemptSaves(0, c.every_steps, frozenset(), None)  # unknown: the user's cadence, as given
+        return attempt_saves(offset, rec.resume_step, c.max_steps, per_epoch, c.every_steps)
 
     def summary(self, batches_per_epoch: int | None, grad_accum: int | None, max_train_steps: int) -> int:
-        """Fix the attempt's label offset from the start-up summary; return kohya's overshoot."""
+        """Fix the attempt's label offset from the start-up summary; return kohya's overshoot that
+        trainsup does not stop (0 when it stops the trainer at the last step)."""
         rec = self.ledger.attempt(self.attempt)
-        if rec.offset is not None or not batches_per_epoch:
+        if not batches_per_epoch or rec.batches is not None:
             return 0
         ga = grad_accum or 1
-        rec.offset = label_offset(rec.resume_step, True, batches_per_epoch, ga)
+        rec.batches, rec.grad_accum = batches_per_epoch, ga
+        if rec.offset is None:
+            rec.offset = label_offset(rec.resume_step, rec.skips, batches_per_epoch, ga)
         self.ledger.save()
-        return post_resume_overshoot(rec.resume_step, max_train_steps, batches_per_epoch, ga)
+        self.saves = self._plan(rec)
+        if self.saves.stop_at is not None:
+            return 0
+        return post_resume_overshoot(rec.resume_step, max_train_steps, batches_per_epoch, ga) if rec.skips else 0
 
     def written_this_attempt(self, path: Path) -> bool:
         try:
@@ -94,7 +145,56 @@ class ResumePoints(LedgerStates):
             state = self.claim(path, check.label_step)
             if state is not None:
                 recorded.append(state)
+                self._settle(state, parsed[1], parsed[2])
         return recorded
+
+    # --- what the output dir shows ---------------------------------------------------------------
+    def _own_name(self) -> bool:
+        return self.output_name == self.user_output_name
+
+    def _weights_name(self, output_name: str | None, kind: str, number: int | None) -> str:
+        step_name, epoch_name, _ = state_dir_names(output_name)
+        ext = self.cadence.ext
+        if kind == "step":
+            return f"{step_name}-step{number:08d}.{ext}"
+        if kind == "epoch":
+            return f"{epoch_name}-{number:06d}.{ext}"
+        return final_weights_name(output_name)
+
+    def _state_name(self, output_name: str | None, kind: str, number: int | None) -> str:
+        step_name, epoch_name, final = state_dir_names(output_name)
+        if kind == "step":
+            return f"{step_name}-step{number:08d}-state"
+        return f"{epoch_name}-{number:06d}-state" if kind == "epoch" else final
+
+    def _settle(self, state: StateRecord, kind: str, number: int | None) -> None:
+        """A save was just claimed: publish it under its true name, hide it, or leave it be."""
+        if kind == "final":
+            return  # the final save is published when the run finishes
+        true_number = state.step if kind == "step" else number
+        user_sees = (state.step in self.saves.wanted or self._own_name()) if kind == "step" else \
+            bool(self.cadence.every_epochs) and (number or 0) % (self.cadence.every_epochs or 1) == 0
+        state_path = Path(state.dir)
+        weights = self.output_dir / self._weights_name(self.output_name, kind, number)
+        if self._own_name() and user_sees:
+            hidden_state, hidden_weights = state_path, weights  # true names already
+        else:
+            if user_sees:
+                user = self.user_output_name
+                self.publisher.weights(weights, self._weights_name(user, kind, true_number))
+                self.publisher.state(state_path, self._state_name(user, kind, true_number), state.step)
+            why = "a save under an attempt's own name" if not self._own_name() else \
+                "an epoch state trainsup saves for an exact resume"
+            hidden_weights = self.publisher.hide(weights, why) or weights
+            moved = self.publisher.hide(state_path, why)
+            hidden_state = moved or state_path
+            if moved is not None:
+                self.ledger.moved(state_path, moved)
+        if self.saves.stop_at is not None and state.step == self.saves.stop_at:
+            self.final_from = (hidden_weights, hidden_state)
+            self.run_complete = True
+            self.say(f"step {state.step} is saved: the run is complete; stopping the trainer "
+                     "(sd-scripts would train on past --max_train_steps after a resume)")
 
     def mark_failed_save(self, label: int) -> None:
         """The state save at this label raised half-way: never resume from what it left."""
@@ -143,10 +243,53 @@ class ResumePoints(LedgerStates):
         return True
 
     def publish_final(self) -> str | None:
-        """Put the final weights where the user's command says, when a renamed attempt wrote them."""
-        want = self.output_dir / final_weights_name(self.user_output_name)
-        got = self.output_dir / final_weights_name(self.output_name)
-        if got != want and got.exists():
-            publish_copy(got, want)
-            self.journal.event("final_published", src=str(got), dst=str(want))
+        """Put the final weights (and state) where the user's command says, when a renamed attempt
+        wrote them, or from the last step's save when trainsup stopped the trainer there."""
+        user = self.user_output_name
+        want = self.output_dir / final_weights_name(user)
+        final_state = state_dir_names(user)[2]
+        if self.final_from is not None:
+            weights, state = self.final_from
+        elif not self._own_name():
+            weights = self.output_dir / final_weights_name(self.output_name)
+            state = self.output_dir / state_dir_names(self.output_name)[2]
+        else:
+            return str(want) if want.exists() else None
+        if weights.exists():
+            published = self.publisher.weights(weights, want.name)
+            if published is not None:
+                self.journal.event("final_published", src=str(weights), dst=str(want))
+            if state is not None and state.is_dir():
+                self.publisher.state(state, final_state, self.cadence.max_steps or self.ledger.step_of(state) or 0)
+            if self.final_from is None:
+                self.publisher.hide(weights, "the final save of an attempt's own name")
+                moved = self.publisher.hide(state, "the final save of an attempt's own name") if state else None
+                if moved is not None and state is not None:
+                    self.ledger.moved(state, moved)
+            if published is None and not want.exists():
+                return None
         return str(want) if want.exists() else None
+
+    def per_epoch(self) -> int | None:
+        return self.ledger.per_epoch()
+
+    def newest(self, nan_step: int | None = None, max_steps: int | None = None,
+               accept: Callable[[StateRecord], bool] = lambda _state: True) -> StateRecord | None:
+        """The newest safe state, or the newest at an epoch's end when it is at most two save
+        intervals older: only an epoch's end resumes sd-scripts with the data order and random state
+        an uninterrupted run has there. None (a fresh start) counts as the end of epoch 0."""
+        best = super().newest(nan_step, max_steps, accept)
+        per_epoch = self.per_epoch()
+        if best is None or per_epoch is None or epoch_aligned(best.step, per_epoch):
+            return best
+        aligned = super().newest(nan_step, max_steps, lambda s: accept(s) and epoch_aligned(s.step, per_epoch))
+        base = aligned.step if aligned is not None else 0
+        if best.step - base > 2 * (self.cadence.every_steps or per_epoch):
+            self.journal.event("resume_inexact", newest=best.dir, step=best.step, epoch_end=base,
+                               reason="the newest epoch end is too far back")
+            return best
+        self.journal.event("resume_exact", newest=best.dir, step=best.step, epoch_end=base,
+                           state=aligned.dir if aligned is not None else None)
+        self.say(f"resuming from the end of epoch {base // per_epoch} (step {base}), not from step "
+                 f"{best.step} mid-epoch: only there does sd-scripts resume with the same data order")
+        return aligned

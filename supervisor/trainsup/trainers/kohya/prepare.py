@@ -27,6 +27,8 @@ class Prepared:
     max_train_steps: int
     user_resume: Path | None
     notes: list[str] = field(default_factory=list)  # what trainsup changed, said on the console
+    save_every_steps: int | None = None  # the step cadence the output dir shows
+    user_epoch_every: int | None = None  # the user's own epoch cadence (trainsup saves every epoch)
 
 
 def _resolve(path: str, cwd: Path) -> Path:
@@ -88,11 +90,19 @@ def prepare(argv: list[str], cwd: Path, policy: Settings, rng: random.Random | N
     if not plan.effective("save_state"):
         command.set("save_state")
         notes.append("no --save_state: added it, so there is a state to resume from")
-    if int_value("save_every_n_steps") is None and int_value("save_every_n_epochs") is None:
+    user_epochs = int_value("save_every_n_epochs")
+    if int_value("save_every_n_steps") is None and user_epochs is None:
         every = policy.save_every_n_steps or max(1, round(max_steps / 10))
         command.set("save_every_n_steps", str(every))
         notes.append(f"no save cadence: added --save_every_n_steps {every} (about 10% of {max_steps} steps)")
-    return Prepared(plan, output_dir, output_name, max_steps, user_resume, notes)
+    if user_epochs != 1 and value("save_n_epoch_ratio") is None:
+        # Only a state saved at an epoch's end resumes with the data order an uninterrupted run has
+        # there; these saves go to trainsup's run dir, out of the output dir's sight.
+        command.set("save_every_n_epochs", "1")
+        notes.append("added --save_every_n_epochs 1: sd-scripts resumes exactly only from an epoch's end "
+                     "(trainsup keeps those saves in its run dir, out of the output dir)")
+    return Prepared(plan, output_dir, output_name, max_steps, user_resume, notes,
+                    int_value("save_every_n_steps"), user_epochs)
 
 
 def _as_given(command: TrainerCommand, cwd: Path) -> Prepared:
