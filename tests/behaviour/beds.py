@@ -89,6 +89,10 @@ class Bed(ABC):
     def state_weights(self, state: Path) -> Path:
         """The state's main weights file."""
 
+    def resume_point(self, run: Run, newest: int) -> tuple[str, int]:
+        """Where a resume goes when the newest complete state is of step ``newest``: that state."""
+        return str(self.state_dir(run.out, newest)), newest
+
     def cut_state(self, state: Path) -> None:
         """Make ``state`` look like a save cut half-way: its weights file truncated to half."""
         weights = self.state_weights(state)
@@ -166,6 +170,11 @@ class KohyaBed(Bed):
     def state_dir(self, out: Path, step: int) -> Path:
         return out / f"tiny-step{step:08d}-state"
 
+    def resume_point(self, run: Run, newest: int) -> tuple[str, int]:
+        # Only an epoch's end resumes sd-scripts exactly (8 steps an epoch here): the state trainsup
+        # saved at the end of epoch 1, which it keeps in its run dir, out of the output dir's sight.
+        return str(run.run_dir / "saves" / "tiny-000001-state"), 8
+
     def state_weights(self, state: Path) -> Path:
         return state / "model.safetensors"
 
@@ -187,7 +196,10 @@ class KohyaBed(Bed):
         user = tomllib.loads((self.tree.root / "data" / "dataset.toml").read_text())
         assert tomllib.loads(derived.read_text()) == user and user["datasets"][0]["subsets"]
         ledger = json.loads((run.run_dir / "ledger.json").read_text())
-        assert [s["step"] for s in ledger["states"]] == [5, 10, 15, 20, 20]
+        # Its step states, the end of each epoch but the last (8 steps an epoch; trainsup keeps those
+        # in its run dir), and the final state.
+        assert sorted(s["step"] for s in ledger["states"]) == [5, 8, 10, 15, 16, 20, 20]
+        self.check_output_dir(run)
         clean = diagnose(run.log(1))
         assert clean["fault"] is None, clean
 
@@ -195,28 +207,38 @@ class KohyaBed(Bed):
         out = run.out
         assert "tiny-step00000010-state/random_states_0.pkl" in run.marks["digest"]
         assert run.of("attempt_end")[0]["child_signal"] == 9  # accelerate: `died with <Signals.SIGKILL: 9>`
-        newest = self.state_dir(out, 10)
         argv = run.starts()[-1]["argv"]
-        assert argv[argv.index("--resume") + 1] == str(newest) and "--skip_until_initial_step" in argv
+        assert argv[argv.index("--resume") + 1] == str(run.run_dir / "saves" / "tiny-000001-state")
+        assert argv[argv.index("--initial_step") + 1] == "8" and "--skip_until_initial_step" not in argv
+        # Resumed at the end of epoch 1, sd-scripts labels its saves from 0: label L is step L + 8,
+        # and it would train on to step 24 (the end of epoch 3). trainsup gave it a step cadence whose
+        # saves land on steps 10, 15 and 20, published those under their true names, and stopped it
+        # once step 20 was saved; its own saves are kept in the run dir.
         ledger = json.loads((run.run_dir / "ledger.json").read_text())
-        # Step 10 is the third batch of epoch 2 (8 batches an epoch). With --skip_until_initial_step
-        # real sd-scripts skips to it but counts from 2, the position inside the epoch: its label L is
-        # step L + 8. It then finishes epoch 3 (its `global_step >= max_train_steps` break never
-        # fires), so it trains to step 24; trainsup says so before it happens. Under the user's output
-        # name its post-resume saves would land on tiny-step00000005/10 again: they are renamed.
-        resumed = [(Path(s["dir"]).name, s["label"], s["step"]) for s in ledger["states"] if s["attempt"] == 2]
-        assert resumed == [("tiny-trainsup2-step00000005-state", 5, 13), ("tiny-trainsup2-step00000010-state", 10, 18),
-                           ("tiny-trainsup2-step00000015-state", 15, 23), ("tiny-trainsup2-state", 16, 24)]
-        assert [w["extra_steps"] for w in run.of("warning")] == [4]
-        assert run.of("finished")[0]["final_weights"] == str(out / "tiny.safetensors")
+        resumed = {s["label"]: s["step"] for s in ledger["states"] if s["attempt"] == 2 and "-step" in s["dir"]}
+        assert all(step == label + 8 for label, step in resumed.items()) and max(resumed.values()) == 20
+        assert run.of("attempt_end")[-1]["steps_trained"] == 12 and not run.of("warning")
+        self.check_output_dir(run)
         assert self.lora_keys(out / "tiny.safetensors") == self.lora_keys(out / "tiny-step00000010.safetensors")
         killed = diagnose(run.log(1))
         assert "SIGKILL" in killed["evidence"], killed
 
+    def check_output_dir(self, run: Run) -> None:
+        """The names an uninterrupted run writes, each state with its true step."""
+        out = run.out
+        want = sorted([f"tiny-step{s:08d}{end}" for s in (5, 10, 15, 20) for end in (".safetensors", "-state")]
+                      + ["tiny.safetensors", "tiny-state"])
+        assert sorted(p.name for p in out.iterdir() if p.name != ".trainsup") == want
+        for name, step in (("tiny-step00000015-state", 15), ("tiny-step00000020-state", 20), ("tiny-state", 20)):
+            assert json.loads((out / name / "train_state.json").read_text())["current_step"] == step, name
+        assert run.of("finished")[0]["final_weights"] == str(out / "tiny.safetensors")
+
     def check_cut(self, run: Run) -> None:
-        # The resumed attempt writes under a name of its own: the cut state is left as it was.
+        # The resumed attempt writes under a name of its own, out of sight; the cut state is moved
+        # aside whole and a complete save of step 10 published in its place.
         assert all("trainsup2" in Path(s["dir"]).name for s in run.of("state_saved") if s["attempt"] == 2)
-        assert run.of("finished")[0]["final_weights"] == str(run.out / "tiny.safetensors")
+        assert any(e["dir"] == str(self.state_dir(run.out, 10)) for e in run.of("state_set_aside"))
+        self.check_output_dir(run)
 
     def check_remedy(self, run: Run) -> None:
         # trainsup drops the caching, never the augmentation: from a derived copy of each file.

@@ -1,8 +1,9 @@
 """What trainsup promises for every trainer behind an adapter, on each bed's real trainer.
 
 Written once, parametrized over the beds (``beds.BEDS``): a clean run finishes clean; a trainer
-killed -9 after its state of step 10 resumes from that state (or, where it cannot resume, restarts as
-its adapter says) and nothing it had written changes; a state cut mid-save is never resumed from; a
+killed -9 after its state of step 10 resumes from the newest state its adapter can resume exactly
+from (``Bed.resume_point``; or, where it cannot resume, restarts as its adapter says) and nothing it
+had written changes; a state cut mid-save is never resumed from; a
 fault trainsup can fix is fixed through the next launch; ``diagnose`` agrees with the journal; and a
 SIGTERM to trainsup ends it with 143 and leaves none of the trainer's processes behind.
 """
@@ -38,7 +39,7 @@ def test_a_killed_trainer_resumes_from_its_newest_complete_state_and_nothing_it_
     assert run.faults() == ["host_oom_killed"]  # a kill -9 reads as the kernel's OOM killer's
     start = run.starts()[-1]
     if run.launch.resumes:
-        assert (start["resume_from"], start["resume_step"]) == (str(bed.state_dir(run.out, 10)), 10)
+        assert (start["resume_from"], start["resume_step"]) == bed.resume_point(run, 10)
     else:
         assert (start["resume_from"], start["resume_step"]) == (None, 0)
     changed = changed_since(run.marks["digest"], run)
@@ -54,7 +55,7 @@ def test_a_state_cut_mid_save_is_never_resumed_from(bed: Bed, cut_run: Run) -> N
     assert cut not in [s["resume_from"] for s in run.starts()]
     start = run.starts()[-1]
     if run.launch.resumes:
-        assert (start["resume_from"], start["resume_step"]) == (str(bed.state_dir(run.out, 5)), 5)
+        assert (start["resume_from"], start["resume_step"]) == bed.resume_point(run, 5)
     else:
         assert (start["resume_from"], start["resume_step"]) == (None, 0)
     bed.check_cut(run)
