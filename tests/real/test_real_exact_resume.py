@@ -29,7 +29,7 @@ from tests.real.bed import Bed, trainer_process, trainsup_pid_of
 
 POLICY = "backoff:\n  initial_s: 0.5\n  max_s: 1\nstop:\n  grace_s: 10\n"
 SEED = int(os.environ.get("TRAINSUP_KILL_SEED", "20"))
-WORKERS = ("--max_data_loader_n_workers", "1", "--lr_scheduler", "cosine")
+WORKERS = ("--max_data_loader_n_workers", "2", "--lr_scheduler", "cosine")
 
 
 def reference(bed: Bed, out: Path, *extra: str) -> Path:

@@ -33,7 +33,20 @@ def _pip(python: str, spec: str) -> str:
 def findings(view: CommandView, facts: DoctorFacts) -> list[Finding]:
     """Every kohya finding on this command, in the order they are reported."""
     return [*view.config_findings, *_packages(view, facts), *check_command(view, facts.script_flags),
-            *_serializer(view, facts)]
+            *_serializer(view, facts), *_exact_resume(view)]
+
+
+WORKERS_0_NOTE = ("--max_data_loader_n_workers 0: after a resume sd-scripts fetches the resumed epoch's first "
+                  "batch before it sets the epoch, so a resumed run's weights differ slightly from an "
+                  "uninterrupted one's (steps and names stay true; see the README's Resume)")
+
+
+def _exact_resume(view: CommandView) -> list[Finding]:
+    """What keeps a resumed run from ending with an uninterrupted run's weights."""
+    if str(view.value("max_data_loader_n_workers")) == "0":
+        return [Finding("info", "inexact_resume", WORKERS_0_NOTE,
+                        "--max_data_loader_n_workers 1 (or more) makes a resume bit-exact")]
+    return []
 
 
 def _packages(view: CommandView, facts: DoctorFacts) -> list[Finding]:

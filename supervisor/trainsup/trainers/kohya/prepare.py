@@ -14,6 +14,7 @@ from pathlib import Path
 from ..base import Settings, UsageError
 from ..cmdline import TrainerCommand
 from . import tomlio
+from .doctor import WORKERS_0_NOTE
 from .plan import LaunchPlan
 
 KOHYA_DEFAULT_MAX_STEPS = 1600
@@ -101,6 +102,8 @@ def prepare(argv: list[str], cwd: Path, policy: Settings, rng: random.Random | N
         command.set("save_every_n_epochs", "1")
         notes.append("added --save_every_n_epochs 1: sd-scripts resumes exactly only from an epoch's end "
                      "(trainsup keeps those saves in its run dir, out of the output dir)")
+    if int_value("max_data_loader_n_workers") == 0:
+        notes.append(f"note: {WORKERS_0_NOTE}")
     return Prepared(plan, output_dir, output_name, max_steps, user_resume, notes,
                     int_value("save_every_n_steps"), user_epochs)
 
