@@ -21,6 +21,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import psutil
 import yaml
 from safetensors.numpy import load_file
@@ -92,6 +93,18 @@ class Bed(ABC):
     def resume_point(self, run: Run, newest: int) -> tuple[str, int]:
         """Where a resume goes when the newest complete state is of step ``newest``: that state."""
         return str(self.state_dir(run.out, newest)), newest
+
+    # How far an interrupted run's weights may be from an uninterrupted run's: the residual the
+    # README's trainer table states for this adapter on this command (0: bit-exact).
+    resume_tolerance = 0.0
+
+    @abstractmethod
+    def weights_files(self, out: Path) -> list[Path]:
+        """Every weights file the output dir shows (states' and published ones)."""
+
+    @abstractmethod
+    def load_weights(self, path: Path) -> dict[str, np.ndarray]:
+        """A weights file's tensors, by name."""
 
     def cut_state(self, state: Path) -> None:
         """Make ``state`` look like a save cut half-way: its weights file truncated to half."""
@@ -169,6 +182,16 @@ class KohyaBed(Bed):
 
     def state_dir(self, out: Path, step: int) -> Path:
         return out / f"tiny-step{step:08d}-state"
+
+    # The bed's command has no data-loader workers: sd-scripts fetches the resumed epoch's first batch
+    # before it sets the epoch (README: Resume; measured on this bed).
+    resume_tolerance = 1e-3
+
+    def weights_files(self, out: Path) -> list[Path]:
+        return sorted([*out.glob("*.safetensors"), *out.glob("*-state/model.safetensors")])
+
+    def load_weights(self, path: Path) -> dict[str, np.ndarray]:
+        return load_file(str(path))
 
     def resume_point(self, run: Run, newest: int) -> tuple[str, int]:
         # Only an epoch's end resumes sd-scripts exactly (8 steps an epoch here): the state trainsup
@@ -319,6 +342,16 @@ class LitgptBed(Bed):
     def state_dir(self, out: Path, step: int) -> Path:
         return out / f"step-{step:06d}"
 
+    def weights_files(self, out: Path) -> list[Path]:
+        return sorted(out.glob("*/lit_model.pth*"))
+
+    def load_weights(self, path: Path) -> dict[str, np.ndarray]:
+        import torch  # the test extra's CPU torch: LitGPT saves torch pickles
+
+        data = torch.load(path, map_location="cpu", weights_only=False)
+        model = data.get("model", data) if isinstance(data, dict) else data
+        return {k: v.detach().float().numpy() for k, v in model.items() if hasattr(v, "detach")}
+
     def state_weights(self, state: Path) -> Path:
         return state / ("lit_model.pth" if self.method == "finetune_full" else "lit_model.pth.lora")
 
@@ -410,6 +443,12 @@ class OwnShapeBed(Bed):
 
     def state_weights(self, state: Path) -> Path:
         return state / "weight.json"
+
+    def weights_files(self, out: Path) -> list[Path]:
+        return sorted([*out.glob("ckpt-*/weight.json"), out / "final.json"])
+
+    def load_weights(self, path: Path) -> dict[str, np.ndarray]:
+        return {"weight": np.array(json.loads(path.read_text())["weight"])}
 
     def cut_state(self, state: Path) -> None:
         # This trainer writes done.marker after the weights: a save cut half-way has none.

@@ -10,6 +10,9 @@ SIGTERM to trainsup ends it with 143 and leaves none of the trainer's processes 
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import psutil
 import pytest
 
@@ -59,6 +62,31 @@ def test_a_state_cut_mid_save_is_never_resumed_from(bed: Bed, cut_run: Run) -> N
     else:
         assert (start["resume_from"], start["resume_step"]) == (None, 0)
     bed.check_cut(run)
+
+
+def visible_files(out: Path) -> list[str]:
+    """What the user sees in the output dir: every file's path in it, trainsup's run dir left out."""
+    return sorted(str(p.relative_to(out)) for p in out.rglob("*")
+                  if p.is_file() and p.relative_to(out).parts[0] != ".trainsup")
+
+
+@pytest.mark.parametrize("which", ["killed_run", "cut_run"])
+def test_an_interrupted_run_ends_as_if_it_had_never_been_interrupted(
+        bed: Bed, clean_run: Run, which: str, request: pytest.FixtureRequest) -> None:
+    """The same files as the uninterrupted run, each weights file with its tensors (within the
+    adapter's stated residual), and exactly the steps asked for."""
+    run: Run = request.getfixturevalue(which)
+    assert_finished(run)
+    assert visible_files(run.out) == visible_files(clean_run.out)
+    start, end = run.starts()[-1], run.of("attempt_end")[-1]
+    assert start["resume_step"] + end["steps_trained"] == 20 and max(e["step"] for e in run.of("attempt_end")) == 20
+    worst = 0.0
+    for path in bed.weights_files(clean_run.out):
+        ours = run.out / path.relative_to(clean_run.out)
+        a, b = bed.load_weights(ours), bed.load_weights(path)
+        assert sorted(a) == sorted(b), ours
+        worst = max([worst, *(float(np.max(np.abs(a[k].astype(np.float64) - b[k]))) for k in a)])
+    assert worst <= bed.resume_tolerance, f"max |dw| {worst:.3g} over {bed.resume_tolerance:.3g}"
 
 
 def test_a_fault_trainsup_can_fix_is_fixed_in_the_next_launch(bed: Bed, remedy_run: Run) -> None:

@@ -106,10 +106,10 @@ def test_a_kill_at_a_seeded_step_ends_with_the_uninterrupted_runs_files_and_weig
     draw = random.Random(f"{SEED}-{where}")
     if where == "between saves":
         step = draw.choice([11, 12, 13, 14])  # after the state of step 10, mid-epoch 2 (8 steps an epoch)
-        when = lambda: status_step(out) >= step  # noqa: E731
+        when = lambda: status_step(out) >= step
     else:
         step = draw.choice([10, 15])  # its weights are written, its state is being written
-        when = lambda: (out / f"tiny-step{step:08d}.safetensors").exists()  # noqa: E731
+        when = lambda: (out / f"tiny-step{step:08d}.safetensors").exists()
     thread = killer(out, when, killed)
     run = supervise(bed.command(out, *WORKERS), out, tmp_path, env=bed.env(), policy=POLICY, timeout=600,
                     cwd=bed.sd_scripts)

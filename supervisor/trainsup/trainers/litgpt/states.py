@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ...record.journal import Journal
 from ...record.ledger import Ledger, StateRecord
-from ..stepstates import StepStates
+from ..stepstates import StepStates, newest_mtime
 from .methods import Method
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -133,6 +133,29 @@ class LitStates(StepStates):
     def _final(self) -> Path | None:
         return self.current_out / "final"
 
+    def _publish_steps(self) -> None:
+        """An attempt that started over elsewhere: publish its step folders that ``OUT`` lacks (their
+        names are true steps), so ``OUT`` lists what an uninterrupted run writes. A folder of this
+        run left incomplete there (a trainer killed mid-save) is moved aside first; nothing else is
+        ever replaced."""
+        started = min([a.started for a in self.ledger.attempts if a.started is not None] or [0.0])
+        for src, _step in step_folders(self.current_out):
+            dst = self.out / src.name
+            if dst.exists():
+                if not self._check(dst) or newest_mtime(dst) < int(started):
+                    continue  # complete (the same step of the same run), or not this run's
+                aside = self.run_dir / "set-aside" / f"attempt-{self.attempt}" / src.name
+                aside.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(dst), str(aside))
+                self.journal.event("state_set_aside", dir=str(dst), to=str(aside), attempt=self.attempt,
+                                   why="incomplete: replaced by a complete save")
+            try:
+                _link_tree(src, dst)
+            except OSError as exc:
+                self.say(f"warning: cannot publish {src} to {dst}: {exc.strerror or exc}")
+                continue
+            self.journal.event("save_published", src=str(src), dst=str(dst))
+
     def _publish(self) -> str | None:
         """Put the attempt's ``final/`` at ``OUT/final`` when it was written elsewhere (hard links:
         no copy of the weights; the attempt's own folder stays whole). Never over an existing one."""
@@ -141,6 +164,7 @@ class LitStates(StepStates):
             return None
         if src == dst:
             return str(dst)
+        self._publish_steps()
         if dst.exists():
             self.say(f"warning: {dst} exists and is not this run's; the final weights stay in {src}")
             self.journal.event("final_not_published", src=str(src), dst=str(dst), reason="exists")
