@@ -97,6 +97,9 @@ class Bed(ABC):
     # How far an interrupted run's weights may be from an uninterrupted run's: the residual the
     # README's trainer table states for this adapter on this command (0: bit-exact).
     resume_tolerance = 0.0
+    # Folders of the trainer's own logs: each launch starts a log of its own there (LitGPT's CSV
+    # logger a new version_N), which trainsup leaves as the trainer writes them.
+    log_dirs: tuple[str, ...] = ()
 
     @abstractmethod
     def weights_files(self, out: Path) -> list[Path]:
@@ -341,6 +344,8 @@ class LitgptBed(Bed):
 
     def state_dir(self, out: Path, step: int) -> Path:
         return out / f"step-{step:06d}"
+
+    log_dirs = ("logs",)
 
     def weights_files(self, out: Path) -> list[Path]:
         return sorted(out.glob("*/lit_model.pth*"))

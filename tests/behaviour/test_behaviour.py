@@ -64,10 +64,11 @@ def test_a_state_cut_mid_save_is_never_resumed_from(bed: Bed, cut_run: Run) -> N
     bed.check_cut(run)
 
 
-def visible_files(out: Path) -> list[str]:
-    """What the user sees in the output dir: every file's path in it, trainsup's run dir left out."""
+def visible_files(out: Path, logs: tuple[str, ...] = ()) -> list[str]:
+    """What the user sees in the output dir: every file's path in it, trainsup's run dir and the
+    trainer's log folders left out."""
     return sorted(str(p.relative_to(out)) for p in out.rglob("*")
-                  if p.is_file() and p.relative_to(out).parts[0] != ".trainsup")
+                  if p.is_file() and p.relative_to(out).parts[0] not in (".trainsup", *logs))
 
 
 @pytest.mark.parametrize("which", ["killed_run", "cut_run"])
@@ -77,7 +78,7 @@ def test_an_interrupted_run_ends_as_if_it_had_never_been_interrupted(
     adapter's stated residual), and exactly the steps asked for."""
     run: Run = request.getfixturevalue(which)
     assert_finished(run)
-    assert visible_files(run.out) == visible_files(clean_run.out)
+    assert visible_files(run.out, bed.log_dirs) == visible_files(clean_run.out, bed.log_dirs)
     start, end = run.starts()[-1], run.of("attempt_end")[-1]
     assert start["resume_step"] + end["steps_trained"] == 20 and max(e["step"] for e in run.of("attempt_end")) == 20
     worst = 0.0

@@ -51,5 +51,6 @@ def test_a_frozen_trainer_is_a_hang_with_its_stacks_and_is_resumed(bed: Bed, tmp
     evidence = run.of("fault")[0]["evidence"]
     assert "innermost frames: pid" in evidence and "(train_network.py:" in (run.run_dir / "hang-1.txt").read_text()
     start = run.of("attempt_start")[-1]
-    assert (start["resume_from"], start["resume_step"]) == (str(out / "tiny-step00000010-state"), 10)
+    # the newest state at an epoch's end (8 steps an epoch), which trainsup keeps in its run dir
+    assert (start["resume_from"], start["resume_step"]) == (str(run.run_dir / "saves" / "tiny-000001-state"), 8)
     assert run.of("finished")[0]["final_weights"] == str(out / "tiny.safetensors")
