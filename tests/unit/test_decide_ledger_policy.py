@@ -1,13 +1,15 @@
 """The pure decision, the step ledger's arithmetic, and policy validation."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from trainsup.faults.remedies import Rung
+from trainsup.faults.remedies import RESTART, Rung
 from trainsup.record.ledger import label_offset
 from trainsup.run.decide import History, Outcome, decide, record
 from trainsup.run.policy import Policy, PolicyError, parse_policy
+from trainsup.sensors.oomkills import killed_for_memory, oom_kills
 
 
 def outcome(fault: str | None, uptime: float = 100.0, steps: int = 5, new_state: bool = False,
@@ -100,3 +102,17 @@ def test_a_user_rule_that_says_restartable_false_stops_at_once() -> None:
     d = decide(History(), outcome("license_expired"), Policy(), 0, always, stops_at_once(rules))
     assert (d.kind, d.exit_code) == ("stop", 4) and "restart cannot fix" in d.reason
     assert decide(History(), outcome("license_expired"), Policy(), 0, always).kind == "restart"
+
+
+def test_a_sigkill_that_was_not_the_oom_killers_restarts_unchanged_and_keeps_the_ladder(tmp_path: Path) -> None:
+    history, policy = History(), Policy()
+    killed = replace(outcome("host_oom_killed"), same_settings=True)
+    d = decide(history, killed, policy, 0.0, lambda rung: True)
+    assert d.kind == "restart" and d.rung is RESTART
+    record(history, killed, d, 0.0)
+    real_oom = decide(history, outcome("host_oom_killed", attempt=2), policy, 1.0, lambda rung: True)
+    assert real_oom.rung is not None and real_oom.rung.actions[0].kind == "lower_workers"  # the ladder is intact
+    vmstat = tmp_path / "vmstat"
+    vmstat.write_text("nr_free_pages 10\noom_kill 3\n")
+    assert oom_kills(vmstat) == 3 and oom_kills(tmp_path / "none") is None
+    assert killed_for_memory(3, 3) is False and killed_for_memory(3, 4) is True and killed_for_memory(None, 4) is None

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..faults.remedies import NOT_RESTARTABLE, WAIT_FOREIGN, Rung
+from ..faults.remedies import NOT_RESTARTABLE, RESTART, WAIT_FOREIGN, Rung
 from ..faults.remedies import ladder as builtin_ladder
 from ..faults.rules import FaultRule
 from ..sensors.hang import hang_spot
@@ -37,6 +37,7 @@ class Outcome:
     ended_at: float  # the clock of the decision loop
     stop_signal: int | None = None  # trainsup itself was told to stop
     foreign_mib: int = 0  # memory other programs held on the trainer's GPUs at the last reading
+    same_settings: bool = False  # a restart must not change a setting (a SIGKILL not for memory)
 
 
 @dataclass
@@ -118,6 +119,9 @@ def decide(history: History, outcome: Outcome, policy: Policy, now: float,
         # Out of memory while other programs held some of it: not this command's fault, maybe.
         index, rung = history.next_rung.get(fault, 0), WAIT_FOREIGN
         skipped: tuple[tuple[int, Rung], ...] = ()
+    elif outcome.same_settings:
+        # Nothing to remedy: the same command again, and the ladder stays where it was.
+        index, rung, skipped = history.next_rung.get(fault, 0), RESTART, ()
     else:
         chosen, skipped = _select(fault, history.next_rung.get(fault, 0), applicable, ladder)
         if chosen is None:

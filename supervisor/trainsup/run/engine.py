@@ -27,6 +27,7 @@ from ..record.ledger import Ledger, StateRecord
 from ..record.runlock import LockHeld, RunLock
 from ..sensors import gpu
 from ..sensors.hang import HangClock
+from ..sensors.oomkills import NOT_FOR_MEMORY, killed_for_memory, oom_kills
 from ..sensors.watch import FileWatcher
 from ..trainers.base import Plan, Setup, UsageError, rung_applies
 from ..trainers.registry import open_run
@@ -193,6 +194,7 @@ class Supervisor:
                                   f"{self.run_dir}: {exc.strerror or exc}")
         resume_step = resume.step if resume else 0
         self.attempt_no, self.resume_step = attempt, resume_step
+        self.oom_kills_at_launch = oom_kills()
         env = {k: v for k, v in {**CHILD_ENV_DEFAULTS, **self.spec.env, **launch.env}.items()  # the user's win
                if k not in SUPERVISOR_ONLY_ENV}
         self.journal.event("attempt_start", attempt=attempt, argv=argv,
@@ -225,8 +227,7 @@ class Supervisor:
         self.points.collect()
         if r.fault == "fp8_serializer" and r.obs.saving_state_label is not None:
             self.points.mark_failed_save(r.obs.saving_state_label)
-        # The bar may lag its last redraw; a state this attempt saved proves how far it got. Stopped
-        # at the last step's state, a step begun after it counts for nothing.
+        # A state saved proves how far it got (the bar may lag; a step begun after the last one is void).
         trained = self.points.steps_proven() if r.completed else \
             max(self._trained(r.obs.progress.step) if r.obs.progress else 0, self.points.steps_proven())
         self._status(step=self.resume_step + trained)  # progress snapshots are throttled
@@ -245,10 +246,13 @@ class Supervisor:
                                **({"gpu": gpu_at_oom} if gpu_at_oom is not None else {}))
             self.say(f"fault={r.fault} attempt={attempt} evidence={ev.line.strip()[:200] if ev else None!r}")
             self._status(last_fault=r.fault)
-        saved_new = self.points.steps_proven() > 0
+        same = r.fault == "host_oom_killed" and killed_for_memory(self.oom_kills_at_launch, oom_kills()) is False
+        if same:  # killed, but not for memory: nothing to remedy
+            self.journal.event("info", attempt=attempt, message=NOT_FOR_MEMORY)
+            self.say(NOT_FOR_MEMORY)
         return Outcome(attempt, r.exit_code, r.signal, r.obs.child_status, r.obs.child_signal, r.uptime_s,
-                       r.fault, ev.line if ev else None, ev.lineno if ev else None, trained, saved_new,
-                       self.clock(), r.stop_signal, foreign_mib)
+                       r.fault, ev.line if ev else None, ev.lineno if ev else None, trained,
+                       self.points.steps_proven() > 0, self.clock(), r.stop_signal, foreign_mib, same)
 
     def _spawn(self, argv: list[str], env: dict[str, str], cwd: Path | None) -> process.Child:
         child = self.spawn(argv, env, cwd)
@@ -270,8 +274,7 @@ class Supervisor:
         self._status_written = now
         loss = None if progress.loss is None or math.isnan(progress.loss) else progress.loss
         total = self.trainer.total_steps or progress.total
-        # Never past the steps asked for: a trainer stopped at the last step may begin one more.
-        step = min(self._absolute(progress.step), total) if total else self._absolute(progress.step)
+        step = min(self._absolute(progress.step), total or math.inf)  # stopped at the last, it may begin one more
         self._status(step=step, total=total, loss=loss, rate=progress.rate)
 
     def _absolute(self, step: int) -> int:

@@ -50,7 +50,7 @@ class Publisher:
     """Publishes and hides the saves of one run's attempts (one per run)."""
 
     def __init__(self, output_dir: Path, run_dir: Path, run_started: float,
-                 event: Callable[..., None]) -> None:
+                 event: Callable[..., object]) -> None:
         self.output_dir, self.run_dir, self.run_started = output_dir, run_dir, run_started
         self.saves = run_dir / "saves"
         self.event = event  # the journal's: every move is on record

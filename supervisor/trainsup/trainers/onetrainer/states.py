@@ -58,9 +58,10 @@ class OTStates(StepStates):
         self._cache[path] = (key, verdict)
         return verdict
 
-    def newest(self, nan_step: int | None = None, max_steps: int | None = None) -> StateRecord | None:
+    def newest(self, nan_step: int | None = None, max_steps: int | None = None,
+               accept: Callable[[StateRecord], bool] = lambda _state: True) -> StateRecord | None:
         """The newest safe backup; among two of one step (a resume re-saves it), the later name."""
-        best = super().newest(nan_step, max_steps)
+        best = super().newest(nan_step, max_steps, accept)
         if best is None:
             return None
         same = [s for s in self.ledger.states if s.step == best.step and s.dir not in self.ledger.bad_states
