@@ -67,13 +67,15 @@ def test_sigkill_mid_run_resumes_from_the_newest_complete_state_and_skips_a_half
     assert visible_names(out) == visible_names(ref)  # as if the run had never been interrupted
     assert_untouched(run, out)
     # The ledger knows the true step of every state, whatever the trainer labelled it; the resumed
-    # attempt's own saves are kept out of sight in the run dir.
+    # attempt's own saves are kept out of sight in the run dir, only the newest two epoch ends (4
+    # steps an epoch here) and the newest of all: the rest are pruned (the published ones stay).
     ledger = json.loads((run.run_dir / "ledger.json").read_text())
     steps = {Path(s["dir"]).name: s["step"] for s in ledger["states"]}
     assert steps["lora-step00000008-state"] == 8
     resumed = [s for s in ledger["states"] if s["attempt"] == 2 and "-step" in s["dir"]]
-    assert sorted(s["step"] for s in resumed) == [12, 16, 20]
+    assert sorted(s["step"] for s in resumed) == [16, 20]
     assert all(Path(s["dir"]).parent == run.run_dir / "saves" for s in resumed)
+    assert 12 in [e["step"] for e in run.of("save_pruned")] and (out / "lora-step00000012-state").is_dir()
     # Exactly the remaining steps after the resume, and the status snapshot agrees.
     assert run.of("attempt_end")[-1]["steps_trained"] == 12
     status = json.loads((run.run_dir / "status.json").read_text())

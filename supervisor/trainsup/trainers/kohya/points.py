@@ -12,6 +12,7 @@ step ends the run when the trainer would train past it.
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -190,11 +191,30 @@ class ResumePoints(LedgerStates):
             hidden_state = moved or state_path
             if moved is not None:
                 self.ledger.moved(state_path, moved)
+                self._prune()
         if self.saves.stop_at is not None and state.step == self.saves.stop_at:
             self.final_from = (hidden_weights, hidden_state)
             self.run_complete = True
             self.say(f"step {state.step} is saved: the run is complete; stopping the trainer "
                      "(sd-scripts would train on past --max_train_steps after a resume)")
+
+    def _prune(self) -> None:
+        """Keep ``RUN_DIR/saves/`` small: of the saves trainsup hid (its own, asked for by its own
+        cadence), only the newest two at an epoch's end and the newest of all can still be resumed
+        from; the others are deleted (a published one stays published: its files are hard links)."""
+        per_epoch = self.per_epoch()
+        hidden = [s for s in self.ledger.states if Path(s.dir).parent == self.publisher.saves]
+        if not hidden:
+            return
+        keep = {max(s.step for s in hidden), *sorted({s.step for s in hidden if epoch_aligned(s.step, per_epoch)})[-2:]}
+        for state in [s for s in hidden if s.step not in keep]:
+            path = Path(state.dir)
+            weights = path.with_name(f"{path.name.removesuffix('-state')}.{self.cadence.ext}")
+            shutil.rmtree(path, ignore_errors=True)
+            weights.unlink(missing_ok=True)
+            self.ledger.states.remove(state)
+            self.journal.event("save_pruned", dir=str(path), step=state.step)
+        self.ledger.save()
 
     def mark_failed_save(self, label: int) -> None:
         """The state save at this label raised half-way: never resume from what it left."""
