@@ -65,11 +65,37 @@ def killer(out: Path, when: Callable[[], bool], killed: list[int]) -> threading.
     return thread
 
 
-def status_step(out: Path) -> int:
+def status(out: Path) -> dict:
     try:
-        return int(json.loads((out / ".trainsup" / "status.json").read_text()).get("step") or 0)
+        return dict(json.loads((out / ".trainsup" / "status.json").read_text()))
     except (OSError, ValueError):
-        return 0
+        return {}
+
+
+def status_step(out: Path) -> int:
+    return int(status(out).get("step") or 0)
+
+
+def sample_status(out: Path, seen: list[tuple[int, int]], done: threading.Event) -> threading.Thread:
+    """What `trainsup status` shows while the run goes on: (attempt, step) every 50 ms."""
+
+    def sample() -> None:
+        while not done.is_set():
+            now = status(out)
+            if now.get("state") == "running" and now.get("step") is not None:
+                seen.append((int(now.get("attempt") or 0), int(now["step"])))
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    return thread
+
+
+def assert_true_steps(seen: list[tuple[int, int]], resumed_at: int) -> None:
+    """After the resume the status shows the true step (from the resume step on), never the
+    trainer's relabelled counter (which restarts at 0), and never past the steps asked for."""
+    resumed = [step for attempt, step in seen if attempt >= 2]
+    assert resumed and min(resumed) >= resumed_at and max(resumed) <= 20, (resumed_at, resumed)
 
 
 def assert_as_if_never_interrupted(run_out: Path, ref: Path, events: list[dict], tolerance: float) -> float:
@@ -111,15 +137,21 @@ def test_a_kill_at_a_seeded_step_ends_with_the_uninterrupted_runs_files_and_weig
         step = draw.choice([10, 15])  # its weights are written, its state is being written
         when = lambda: (out / f"tiny-step{step:08d}.safetensors").exists()
     thread = killer(out, when, killed)
+    seen: list[tuple[int, int]] = []
+    done = threading.Event()
+    sampler = sample_status(out, seen, done)
     run = supervise(bed.command(out, *WORKERS), out, tmp_path, env=bed.env(), policy=POLICY, timeout=600,
                     cwd=bed.sd_scripts)
+    done.set()
     thread.join(timeout=1)
+    sampler.join(timeout=1)
     assert killed, f"train_network.py was never killed ({where}, step {step}, seed {SEED})"
     assert run.returncode == 0, run.stderr[-3000:]
     assert [e["class"] for e in run.of("fault")] == ["host_oom_killed"]
     start = run.of("attempt_start")[-1]
     assert start["resume_step"] in (0, 8, 16), start  # an epoch's end: the only exact resume point
     worst = assert_as_if_never_interrupted(out, exact_reference, run.events, 1e-5)
+    assert_true_steps(seen, start["resume_step"])
     print(f"killed {where} at step {step} (seed {SEED}): resumed at {start['resume_step']}, max |dw| {worst:.3g}")
 
 
