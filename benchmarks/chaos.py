@@ -1,4 +1,4 @@
-"""Benchmark: a seeded chaos soak of `trainsup run` over the demo trainer (issue 12).
+"""Benchmark: a seeded chaos soak of `trainsup run` over the demo trainer or the real one (issue 12).
 
 Each run trains the demo (20 steps, a state every 4, a sample every 5, 0.05 s of pacing a step, 0.3 s
 a state save) under `trainsup run --quiet` and injects one to three faults at random moments, all
@@ -38,6 +38,41 @@ After each run, violations of six invariants are counted:
 
 Exit 0 only with zero violations. `disk_full` needs `mount -t tmpfs` (root); refused, the kind is
 skipped with a line on stderr.
+
+Real mode, `--real-kohya`: the same soak over the REAL sd-scripts trainer on the CPU bed of the
+real-trainer tests (`tests/real/bed.py`; needs `TRAINSUP_SD_SCRIPTS`, e.g.
+`/work/shared/realkohya/sd-scripts`). Each run is the user's command, `accelerate launch ...
+train_network.py ...` (20 steps, 8 an epoch, a state every 5 steps) with `--max_data_loader_n_workers 1`
+(sd-scripts' resume at an epoch's end is then exact), run from the bed's sd-scripts dir under
+`trainsup run --quiet`, ONE run at a time (a trainer peaks at ~7 GB). The reference is ONE bare run
+of the same command without trainsup, made once per soak and kept in its work dir. One or two
+injections a run (4 runs by default), all drawn from the run's seed:
+
+- `kill_trainer`: SIGKILL of train_network.py (not accelerate), at a step between two saves, or
+  inside a save: as soon as the weights file of the aimed-at save step appears (`tiny-stepNNNNNNNN
+  .safetensors`, or the resumed attempt's own name whose label maps to that step);
+- `kill_supervisor`: SIGKILL of trainsup at a step, inside a save or while the trainer loads, then
+  `trainsup run` again on the same command after a random delay (0-7 s);
+- `freeze`: SIGSTOP of train_network.py while it trains (policy `hang.min_timeout_s: 5`); every
+  frozen pid is SIGKILLed in a `finally`, so no frozen trainer is ever left behind.
+
+After each run, violations of five invariants are counted:
+1. the run finished: `events.jsonl` parses and ends with `finished`, no `gave_up`, status.json
+   `finished`, the last trainsup exited 0;
+2. exactly the steps asked for: the last `attempt_start`'s `resume_step` plus the last
+   `attempt_end`'s `steps_trained` is 20, no `attempt_end` has `step` > 20, status.json ends at step
+   20 of 20;
+3. the output dir's visible names (all but `.trainsup`) are exactly the reference's;
+4. every `.safetensors` of the reference's output dir and every `*-state/model.safetensors` equals
+   the run's of the same name within max |dw| <= `--tolerance` (1e-5); every state's
+   `train_state.json` `current_step` is the reference's;
+5. no traceback in trainsup's stderr, no exit 70, never two train_network.py on the output dir at
+   once (process table sampled every 50 ms; a data loader worker is no trainer), none left after
+   the last supervisor.
+
+    TRAINSUP_SD_SCRIPTS=/work/shared/realkohya/sd-scripts \
+        python benchmarks/chaos.py --real-kohya [--runs 4] [--seed 1] [--tolerance 1e-5] [--kinds ...]
+    python benchmarks/chaos.py --real-kohya --replay RUN_SEED       # one run, as printed
 """
 
 from __future__ import annotations
@@ -48,29 +83,40 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from chaos_soak.checks import check
 from chaos_soak.driver import ChaosRun, can_mount
-from chaos_soak.params import KINDS
+from chaos_soak.params import INVARIANTS, KINDS, REAL_INVARIANTS, REAL_KINDS, REAL_RUNS, REAL_TOLERANCE
 from chaos_soak.plan import run_seeds
 from chaos_soak.references import References
 from chaos_soak.report import print_table, report
 
+R = TypeVar("R", bound=ChaosRun)
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--real-kohya", action="store_true", help="soak the real sd-scripts trainer on the CPU bed")
+    parser.add_argument("--runs", type=int, help=f"runs (default 10; {REAL_RUNS} with --real-kohya)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--replay", type=int, metavar="RUN_SEED", help="run only the run of this seed")
-    parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma list of {', '.join(KINDS)}")
+    parser.add_argument("--kinds", help=f"comma list of {', '.join(KINDS)} ({', '.join(REAL_KINDS)} with --real-kohya)")
+    parser.add_argument("--tolerance", type=float, help=f"--real-kohya: max |dw| allowed (default {REAL_TOLERANCE:g})")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object, last line")
     parser.add_argument("--keep", action="store_true", help="keep the work dir (kept anyway on violations)")
     args = parser.parse_args()
-    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
-    unknown = [k for k in kinds if k not in KINDS]
+    known = REAL_KINDS if args.real_kohya else KINDS
+    kinds = tuple(k.strip() for k in (args.kinds or ",".join(known)).split(",") if k.strip())
+    unknown = [k for k in kinds if k not in known]
     if unknown or not kinds:
-        parser.error(f"--kinds: unknown {unknown or 'empty'} (known: {', '.join(KINDS)})")
+        parser.error(f"--kinds: unknown {unknown or 'empty'} (known: {', '.join(known)})")
+    if args.tolerance is not None and not args.real_kohya:
+        parser.error("--tolerance is for --real-kohya (the demo mode compares within 1e-4)")
+    if args.real_kohya:
+        return real_soak(args, kinds)
     from trainsup.demo.make_assets import make_assets
 
     began = time.monotonic()
@@ -86,21 +132,59 @@ def main() -> int:
                 return 0
     assets = make_assets(work / "assets")
     refs = References(work, assets)
-    seeds = [args.replay] if args.replay is not None else run_seeds(args.seed, args.runs, kinds)
+    seeds = [args.replay] if args.replay is not None else run_seeds(args.seed, args.runs or 10, kinds)
     kinds_arg = "" if kinds == KINDS else f" --kinds {','.join(kinds)}"
+    runs = soak(seeds, lambda index, run_seed: ChaosRun(index, run_seed, kinds, work, assets, refs), check,
+                kinds_arg, tmpfs="disk_full" not in skipped, keep=args.keep)
+    summary = report(runs, kinds, args.seed, time.monotonic() - began, skipped, refs.runs, INVARIANTS)
+    return finish(summary, work, args.keep, args.json)
+
+
+def real_soak(args: argparse.Namespace, kinds: tuple[str, ...]) -> int:
+    """The soak over sd-scripts' train_network.py on the real-trainer bed (one run at a time)."""
+    from chaos_soak.real_bed import RealReference, build_bed, visible_names
+    from chaos_soak.real_checks import check_real
+    from chaos_soak.real_driver import RealRun
+
+    began = time.monotonic()
+    bed = build_bed()
+    if isinstance(bed, str):
+        print(f"chaos: --real-kohya: {bed}", file=sys.stderr)
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="trainsup-chaos-real-"))
+    ref = RealReference(work, bed)
+    print(f"reference: one bare run of the bed's command (no trainsup) in {ref.dir}", flush=True)
+    try:
+        ref_out = ref.out
+    except RuntimeError as exc:
+        print(f"chaos: {exc}\nwork dir kept: {work}", file=sys.stderr)
+        return 2
+    print(f"  {ref.seconds:.0f} s: {' '.join(visible_names(ref_out))}", flush=True)
+    tolerance = REAL_TOLERANCE if args.tolerance is None else args.tolerance
+    seeds = [args.replay] if args.replay is not None else run_seeds(args.seed, args.runs or REAL_RUNS, kinds)
+    kinds_arg = " --real-kohya" + ("" if kinds == REAL_KINDS else f" --kinds {','.join(kinds)}")
+    runs = soak(seeds, lambda index, run_seed: RealRun(index, run_seed, kinds, work, bed),
+                lambda run: check_real(run, ref_out, tolerance), kinds_arg, tmpfs=False, keep=args.keep)
+    summary = report(runs, kinds, args.seed, time.monotonic() - began, [], ref.runs, REAL_INVARIANTS)
+    return finish(summary, work, args.keep, args.json)
+
+
+def soak(seeds: list[int], new_run: Callable[[int, int], R], check_run: Callable[[R], None],
+         kinds_arg: str, tmpfs: bool, keep: bool) -> list[ChaosRun]:
+    """Run, check and print each run in turn."""
     runs: list[ChaosRun] = []
     for index, run_seed in enumerate(seeds):
-        run = ChaosRun(index, run_seed, kinds, work, assets, refs)
+        run = new_run(index, run_seed)
         runs.append(run)
         t0 = time.monotonic()
-        print(f"run {index + 1}/{len(seeds)} seed {run_seed} (replay: python benchmarks/chaos.py --replay "
-              f"{run_seed}{kinds_arg}): {'; '.join(i.describe() for i in run.plan)}", flush=True)
+        print(f"run {index + 1}/{len(seeds)} seed {run_seed} (replay: python benchmarks/chaos.py{kinds_arg} "
+              f"--replay {run_seed}): {'; '.join(i.describe() for i in run.plan)}", flush=True)
         try:
-            run.prepare(tmpfs="disk_full" not in skipped)
+            run.prepare(tmpfs=tmpfs)
             run.run()
-            check(run)
+            check_run(run)
         finally:
-            run.cleanup(keep=bool(run.violations) or args.keep)
+            run.cleanup(keep=bool(run.violations) or keep)
         fired = [i for i in run.plan if i.fired and not i.note]
         print(f"  {len(fired)} injected, {len(run.sups)} supervisor(s), exit {run.sups[-1].rc}, "
               f"{len(run.violations)} violation(s), {time.monotonic() - t0:.0f} s", flush=True)
@@ -109,13 +193,16 @@ def main() -> int:
         for inj in run.plan:
             if inj.note:
                 print(f"  note: {inj.describe()}: {inj.note}", flush=True)
-    summary = report(runs, kinds, args.seed, time.monotonic() - began, skipped, refs.runs)
+    return runs
+
+
+def finish(summary: dict[str, object], work: Path, keep: bool, as_json: bool) -> int:
     print_table(summary)
-    if summary["violations"] or args.keep:
+    if summary["violations"] or keep:
         print(f"work dir kept: {work}")
     else:
         shutil.rmtree(work, ignore_errors=True)
-    if args.json:
+    if as_json:
         print(json.dumps(summary))
     return 0 if summary["violations"] == 0 else 1
 

@@ -9,4 +9,11 @@ point; the soak and its six invariants are described there):
 - `procwatch`: the process-table sampler behind invariant 4;
 - `files`: digests, state dirs, whole or half-written saves, the journal and the ledger as read back;
 - `report`: the steps-redone figures, the summary and its table.
+
+The real mode (`--real-kohya`, sd-scripts' train_network.py on the CPU bed of tests/real) reuses the
+above and adds:
+
+- `real_bed`: the bed (tests/real/bed.py), the one bare reference run, the bed's processes;
+- `real_driver`: `RealRun`, the driver's loop over the real trainer (its faults, its save moment);
+- `real_checks`: its five invariants (finished, exact steps, names, weights, processes).
 """

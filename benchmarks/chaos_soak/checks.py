@@ -26,7 +26,7 @@ def check(run: ChaosRun) -> None:
     events, bad = read_events(run.run_dir)
     run.events = events
     _check_journal(run, events, bad)
-    _check_tracebacks(run)
+    check_tracebacks(run)
     _check_files(run)
     _check_resumes(run, events)
     _check_processes(run, events)
@@ -34,7 +34,7 @@ def check(run: ChaosRun) -> None:
     run.redone = steps_redone(run)
 
 
-def _kind_at(run: ChaosRun, when: float | None) -> str:
+def kind_at(run: ChaosRun, when: float | None) -> str:
     """The kind of the last injection fired before ``when`` (the run's kinds without one)."""
     fired = [inj for inj in run.plan if inj.fired is not None and (when is None or inj.fired <= when)]
     return fired[-1].kind if fired else run.kinds
@@ -52,7 +52,7 @@ def _check_journal(run: ChaosRun, events: list[dict[str, Any]], bad: list[str]) 
                 disk_fulls -= 1  # ours: the benchmark gives the space back and starts it again
                 continue
             reported = e
-            run.violate(5, _kind_at(run, e.get("ts")), f"gave_up: {reason} (exit {e.get('exit_code')})")
+            run.violate(5, kind_at(run, e.get("ts")), f"gave_up: {reason} (exit {e.get('exit_code')})")
     last = events[-1] if events else None
     if not run.timed_out and (last is None or last.get("event") != "finished") and last is not reported:
         run.violate(5, run.kinds, f"the journal does not end with finished: {json.dumps(last)[:300]}")
@@ -63,17 +63,18 @@ def _check_journal(run: ChaosRun, events: list[dict[str, Any]], bad: list[str]) 
         mine = [e for e in ends if sup.started <= e.get("ts", 0) <= (sup.ended or time.time()) + 1]
         want = None if not mine else 0 if mine[-1]["event"] == "finished" else mine[-1].get("exit_code")
         if sup.rc != want:
-            run.violate(5, _kind_at(run, sup.ended), f"trainsup #{sup.n} exited {sup.rc}; its journaled "
-                                                      f"end says {want}")
+            run.violate(5, kind_at(run, sup.ended), f"trainsup #{sup.n} exited {sup.rc}; its journaled "
+                                                     f"end says {want}")
 
 
-def _check_tracebacks(run: ChaosRun) -> None:
+def check_tracebacks(run: ChaosRun, invariant: int = 6) -> None:
+    """No traceback in any supervisor's stderr and no internal-error exit 70."""
     for sup in run.sups:
         text = sup.err.read_text(errors="replace")
         if "Traceback (most recent call last)" in text or sup.rc == 70:
             at = text.find("Traceback")
-            run.violate(6, _kind_at(run, sup.ended), f"trainsup #{sup.n} (exit {sup.rc}) printed: "
-                                                      f"{text[max(at, 0):][:600]!r}")
+            run.violate(invariant, kind_at(run, sup.ended), f"trainsup #{sup.n} (exit {sup.rc}) printed: "
+                                                             f"{text[max(at, 0):][:600]!r}")
 
 
 def _check_files(run: ChaosRun) -> None:
@@ -103,7 +104,7 @@ def _check_files(run: ChaosRun) -> None:
     inputs_now = {**digest_dir(run.dataset), "prompts.txt": sha256(run.prompts)}
     for rel in sorted(set(expected) | set(inputs_now)):
         if expected.get(rel) != inputs_now.get(rel):
-            run.violate(2, _kind_at(run, None), f"input {rel} differs from what the benchmark wrote")
+            run.violate(2, kind_at(run, None), f"input {rel} differs from what the benchmark wrote")
     if sha256(run.assets["model"]) != run.model_digest:
         run.violate(2, run.kinds, "the base model changed")
 
@@ -122,7 +123,7 @@ def _check_resumes(run: ChaosRun, events: list[dict[str, Any]]) -> None:
         src = e.get("resume_from") if e.get("event") == "attempt_start" else None
         if not src:
             continue
-        kind = _kind_at(run, e.get("ts"))
+        kind = kind_at(run, e.get("ts"))
         if src in interrupted:
             run.violate(3, kind, f"attempt {e['attempt']} resumed from {Path(src).name}, whose save "
                                   f"{interrupted[src].describe()} interrupted")
@@ -136,7 +137,7 @@ def _check_resumes(run: ChaosRun, events: list[dict[str, Any]]) -> None:
 
 def _check_processes(run: ChaosRun, events: list[dict[str, Any]]) -> None:
     for when, pids in run.watch.overlaps:
-        run.violate(4, _kind_at(run, when), f"two trainers at once on the output dir: pids {pids}")
+        run.violate(4, kind_at(run, when), f"two trainers at once on the output dir: pids {pids}")
     stopped = {pid: e for e in events if e.get("event") == "orphan_stopped" for pid in e.get("pids", [])}
     mtimes = [p.stat().st_mtime for p in run.out.rglob("*")
               if p.is_file() and p.relative_to(run.out).parts[0] not in (".trainsup", FILLER)]
@@ -165,7 +166,8 @@ def _check_processes(run: ChaosRun, events: list[dict[str, Any]]) -> None:
 
 
 def _check_weights(run: ChaosRun, events: list[dict[str, Any]]) -> None:
-    if run.timed_out or not events or events[-1].get("event") != "finished" or run.sups[-1].rc != 0:
+    if run.timed_out or not events or events[-1].get("event") != "finished" or run.sups[-1].rc != 0 \
+            or run.refs is None:
         return
     final = run.out / "lora.safetensors"
     if not final.is_file():

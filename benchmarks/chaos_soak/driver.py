@@ -3,7 +3,9 @@ dir (a tmpfs of its own when the plan holds `disk_full`), starts `trainsup run -
 follows the journal and the trainer's progress bar, arms each planned injection and fires it when due
 (SIGKILL, SIGSTOP, a full disk, an edit), restarts trainsup after a killed supervisor or a full disk,
 and notes what the output dir held at each fault. It owns `Supervisor` (one `trainsup run`),
-`Violation` (what the checks in `checks.py` record through `ChaosRun.violate`) and `can_mount`."""
+`Violation` (what the checks in `checks.py` record through `ChaosRun.violate`) and `can_mount`.
+`real_driver.RealRun` reuses the loop over sd-scripts: it overrides the class attributes, the hooks
+(`make_plan`, `launch_cwd`, `launch_env`, `new_watch`, `prepare`, `argv`) and `_due`/`_fire`/`_look`."""
 
 from __future__ import annotations
 
@@ -61,10 +63,16 @@ class Violation:
 
 
 class ChaosRun:
+    # what a subclass for another trainer (real_driver.RealRun) changes
+    timeout_s = RUN_TIMEOUT_S  # a run not over by then is stopped and counted
+    step_seconds = STEP_SECONDS  # the fraction of a step moment's `at_step` waits that share of it
+    end_invariant = 5  # the invariant a run that does not end violates
+    proc_invariant = 4  # the invariant a trainer left after the last supervisor violates
+
     def __init__(self, index: int, seed: int, kinds: tuple[str, ...], work: Path,
-                 assets: dict[str, Path], refs: References) -> None:
+                 assets: dict[str, Path], refs: References | None) -> None:
         self.index, self.seed, self.assets, self.refs = index, seed, assets, refs
-        self.plan = plan_run(seed, kinds)
+        self.plan = self.make_plan(seed, kinds)
         self.dir = work / f"run{index:02d}-{seed}"
         self.dataset = self.dir / "dataset"
         self.prompts = self.dir / "prompts.txt"
@@ -91,6 +99,10 @@ class ChaosRun:
         self.disk_full: Injection | None = None  # fired; its space not given back yet
         self.wait_attempt_after: float | None = None  # a restarting fault fired then: wait for a relaunch
 
+    @staticmethod
+    def make_plan(seed: int, kinds: tuple[str, ...]) -> list[Injection]:
+        return plan_run(seed, kinds)
+
     @property
     def kinds(self) -> str:
         return "+".join(sorted({inj.kind for inj in self.plan}))
@@ -115,15 +127,23 @@ class ChaosRun:
     def argv(self) -> list[str]:
         return demo_argv(self.assets, self.dataset, self.prompts, self.out)
 
+    def launch_cwd(self) -> Path:
+        return self.dir
+
+    def launch_env(self) -> dict[str, str]:
+        return child_env(TRAINSUP_DEMO_STEP_SECONDS=str(STEP_SECONDS), TRAINSUP_DEMO_SAVE_SECONDS=str(SAVE_SECONDS))
+
+    def new_watch(self) -> ProcWatch:
+        return ProcWatch(self.out)
+
     def start(self) -> Supervisor:
         n = len(self.sups) + 1
         err = self.dir / f"trainsup-{n}.err"
         with open(err, "wb") as fh, open(self.dir / f"trainsup-{n}.out", "wb") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "trainsup.cli", "run", "--quiet", "--policy", str(self.policy), "--",
-                 *self.argv()], cwd=self.dir, stdout=out, stderr=fh, start_new_session=True,
-                env=child_env(TRAINSUP_DEMO_STEP_SECONDS=str(STEP_SECONDS),
-                              TRAINSUP_DEMO_SAVE_SECONDS=str(SAVE_SECONDS)))
+                 *self.argv()], cwd=self.launch_cwd(), stdout=out, stderr=fh, start_new_session=True,
+                env=self.launch_env())
         sup = Supervisor(n, proc, time.time(), err)
         self.sups.append(sup)
         return sup
@@ -158,13 +178,13 @@ class ChaosRun:
 
     # --- the loop --------------------------------------------------------------------------------
     def run(self) -> None:
-        self.watch = ProcWatch(self.out)
+        self.watch = self.new_watch()
         self.watch.start()
         began = time.monotonic()
         self.pending = list(self.plan)
         sup: Supervisor | None = self.start()
         try:
-            while time.monotonic() - began < RUN_TIMEOUT_S:
+            while time.monotonic() - began < self.timeout_s:
                 time.sleep(0.02)
                 self.events, _ = read_events(self.run_dir)
                 if sup is not None and sup.proc.poll() is not None:
@@ -181,7 +201,7 @@ class ChaosRun:
                     sup = self._inject(sup, step, n)
             else:
                 self.timed_out = True
-                self.violate(5, self.kinds, f"the run did not end within {RUN_TIMEOUT_S:g} s")
+                self.violate(self.end_invariant, self.kinds, f"the run did not end within {self.timeout_s:g} s")
         finally:
             for s in self.sups:
                 if s.proc.poll() is None:
@@ -195,8 +215,8 @@ class ChaosRun:
         self.watch.halt.set()
         self.watch.join()
         for pid in self.watch.alive():
-            self.violate(4, self.kinds, f"trainer pid {pid} still alive {ORPHAN_BOUND_S:g} s after the last "
-                                        "supervisor ended")
+            self.violate(self.proc_invariant, self.kinds, f"trainer pid {pid} still alive {ORPHAN_BOUND_S:g} s "
+                                                          "after the last supervisor ended")
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
@@ -237,7 +257,7 @@ class ChaosRun:
             return sup
         if self.ready_at is None:
             # a step moment waits its fraction of a step; the other moments fire at once
-            self.ready_at = time.time() + (inj.at_step % 1 * STEP_SECONDS if inj.moment == "step" else 0)
+            self.ready_at = time.time() + (inj.at_step % 1 * self.step_seconds if inj.moment == "step" else 0)
         if time.time() < self.ready_at:
             return sup
         self._fire(inj, sup, step, n)

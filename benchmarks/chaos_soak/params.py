@@ -47,3 +47,19 @@ def child_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINSUP_DEMO_") and k != "TRAINSUP_DEBUG"}
     env.update(extra)
     return env
+
+
+# --- the real mode (`--real-kohya`): sd-scripts' train_network.py on the CPU bed (tests/real/bed.py) ---
+REAL_KINDS = ("kill_trainer", "kill_supervisor", "freeze")
+REAL_RUNS = 4  # ~1.5-2 min a run; one at a time (a trainer peaks at ~7 GB while it loads the model)
+REAL_STEPS, REAL_SAVE_EVERY = 20, 5  # the bed's command; 8 optimizer steps an epoch on its dataset
+REAL_STEP_SECONDS = 0.8
+REAL_TOLERANCE = 1e-5
+REAL_RUN_TIMEOUT_S = 900.0
+# One data loader worker: sd-scripts' resume at an epoch's end is then exact (tests/real/test_real_exact_resume.py).
+REAL_EXTRA = ("--max_data_loader_n_workers", "1")
+# hang: 5 s while training (as in the demo mode); bounded start-up and save phases so that no frozen
+# trainer stalls a run for the default 30 minutes; the stop grace of the real-trainer tests.
+REAL_POLICY = ("backoff:\n  initial_s: 0.5\n  max_s: 1\nstop:\n  grace_s: 10\n"
+               "hang:\n  min_timeout_s: 5\n  startup_timeout_s: 300\n  phase_timeout_s: 60\n")
+REAL_INVARIANTS = {1: "finished", 2: "exact steps", 3: "names", 4: "weights", 5: "processes"}

@@ -1,13 +1,13 @@
 """The plan of a run, everything drawn from its seed: the per-run seeds of a soak (`run_seeds`), the
-injections of one run (`plan_run`) and `Injection`, which also holds what the run driver found when it
-fired."""
+injections of one demo run (`plan_run`) or of one real-trainer run (`plan_real_run`), and
+`Injection`, which also holds what the run driver found when it fired."""
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
 
-from .params import SAVE_EVERY, STEPS, WORDS
+from .params import REAL_SAVE_EVERY, REAL_STEPS, SAVE_EVERY, STEPS, WORDS
 
 
 @dataclass
@@ -91,4 +91,38 @@ def _injection(rng: random.Random, kind: str) -> Injection:
         else:
             inj.target = "prompts"
             inj.text = f"{' '.join(rng.choice(WORDS) for _ in range(3))} --w 16 --h 16 --d {rng.randrange(99)} --s 2\n"
+    return inj
+
+
+def plan_real_run(seed: int, kinds: tuple[str, ...]) -> list[Injection]:
+    """One or two injections over the real trainer (`REAL_KINDS`); at most one freeze a run."""
+    rng = random.Random(seed)
+    chosen = [kinds[seed % len(kinds)]]
+    if rng.random() < 0.5:
+        kind = rng.choice(kinds)
+        if not (kind == "freeze" and kind in chosen):
+            chosen.append(kind)
+    plan = [_real_injection(rng, kind) for kind in chosen]
+    plan.sort(key=lambda inj: inj.at_step)
+    return plan
+
+
+def _real_injection(rng: random.Random, kind: str) -> Injection:
+    """`kill_trainer` between two saves or inside one (its weights file just appeared); `kill_supervisor`
+    also at a launch (the trainer loading); `freeze` while training."""
+    draw = rng.random()
+    moment = "step"
+    if kind == "kill_trainer" and draw < 0.5:
+        moment = "save"
+    elif kind == "kill_supervisor" and draw < 0.4:
+        moment = "save" if draw < 0.2 else "launch"
+    between = [s for s in range(1, REAL_STEPS) if s % REAL_SAVE_EVERY]  # steps that save nothing
+    inj = Injection(kind, rng.choice(between) + rng.uniform(0.0, 0.9), moment)
+    if moment == "save":
+        inj.save = str(rng.choice(range(REAL_SAVE_EVERY, REAL_STEPS + 1, REAL_SAVE_EVERY)))
+        inj.at_step = int(inj.save) - 1.0
+    elif moment == "launch":
+        inj.delay = rng.uniform(0.5, 12.0)  # the first launch after the injection before it
+    if kind == "kill_supervisor":
+        inj.restart_delay = rng.uniform(0.0, 7.0)
     return inj

@@ -1,6 +1,6 @@
 """Reporting: the figures of a checked run (`steps_redone`: steps trained again after each restarting
 fault, and steps since the newest complete state), the soak's summary (`report`, the object `--json`
-prints) and its table (`print_table`)."""
+prints) and its table (`print_table`); the invariants' names are the mode's (demo or real)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def steps_redone(run: ChaosRun) -> list[tuple[str, int, int]]:
 
 
 def report(runs: list[ChaosRun], kinds: tuple[str, ...], seed: int, total_s: float, skipped: list[str],
-           refs: int) -> dict[str, Any]:
+           refs: int, invariants: dict[int, str] = INVARIANTS) -> dict[str, Any]:
     rows: dict[str, dict[str, int]] = {}
     for kind in kinds:
         rows[kind] = {"runs": sum(1 for r in runs if any(i.kind == kind for i in r.plan)),
@@ -50,10 +50,11 @@ def report(runs: list[ChaosRun], kinds: tuple[str, ...], seed: int, total_s: flo
             rows[kind]["steps_since_state"] += since
             rows[kind]["restarts"] += 1
     violations = [v for r in runs for v in r.violations]
-    by_invariant = {str(n): sum(1 for v in violations if v.invariant == n) for n in INVARIANTS}
+    by_invariant = {str(n): sum(1 for v in violations if v.invariant == n) for n in invariants}
     return {"seed": seed, "runs": len(runs), "injections": sum(row["injections"] for row in rows.values()),
             "violations": len(violations), "kinds": rows, "violations_several_kinds": several,
-            "violations_by_invariant": by_invariant, "skipped_kinds": skipped, "reference_runs": refs,
+            "violations_by_invariant": by_invariant, "invariant_names": {str(n): name for n, name in invariants.items()},
+            "skipped_kinds": skipped, "reference_runs": refs,
             "total_s": round(total_s, 1), "run_seeds": [r.seed for r in runs],
             "violation_list": [v.__dict__ for v in violations]}
 
@@ -68,7 +69,7 @@ def print_table(summary: dict[str, Any]) -> None:
         print(f"{'(several kinds)':<16} {'':>5} {'':>11} {summary['violations_several_kinds']:>11}")
     print(f"{'total':<16} {summary['runs']:>5} {summary['injections']:>11} {summary['violations']:>11}")
     print("violations by invariant: " + ", ".join(
-        f"{n} {INVARIANTS[int(n)]}: {c}" for n, c in summary["violations_by_invariant"].items()))
+        f"{n} {summary['invariant_names'][n]}: {c}" for n, c in summary["violations_by_invariant"].items()))
     for v in summary["violation_list"]:
         print(f"  VIOLATION seed {v['seed']} invariant {v['invariant']} ({v['kind']}): {v['detail']}")
     minutes, seconds = divmod(summary["total_s"], 60)
