@@ -38,7 +38,9 @@ def resumed_attempt(run, state: Path | str, step: int) -> None:
     assert len(starts) >= 2
     assert starts[-1]["resume_from"] == str(state) and starts[-1]["resume_step"] == step
     argv = starts[-1]["argv"]
-    assert argv[argv.index("--resume") + 1] == str(state) and "--skip_until_initial_step" in argv
+    assert argv[argv.index("--resume") + 1] == str(state) and argv[argv.index("--initial_step") + 1] == str(step)
+    # at an epoch's end (4 steps an epoch here) kohya resumes exactly without skipping batches
+    assert ("--skip_until_initial_step" in argv) == (step % 4 != 0)
 
 
 def test_meta_tensor_adds_fp8_base_and_resumes(assets: dict[str, Path], tmp_path: Path) -> None:
@@ -130,9 +132,13 @@ def test_fp8_serializer_keyerror_upgrades_and_never_resumes_the_failed_state(
     assert (upgrade["python"], upgrade["spec"], upgrade["exit_code"]) == (old_safetensors_python,
                                                                           "safetensors>=0.4.2", 0)
     assert safetensors_version(old_safetensors_python) != "0.4.1"
+    # The half-written state is moved aside whole (still marked bad), and the fresh start's complete
+    # save of step 4 is published under its name.
     partial = out / "lora-step00000004-state"
-    assert partial.is_dir() and not (partial / "random_states_0.pkl").exists()
-    assert str(partial) in json.loads((run.run_dir / "ledger.json").read_text())["bad_states"]
+    aside = [e for e in run.of("state_set_aside") if e["dir"] == str(partial)]
+    assert aside and not (Path(aside[0]["to"]) / "random_states_0.pkl").exists()
+    assert aside[0]["to"] in json.loads((run.run_dir / "ledger.json").read_text())["bad_states"]
+    assert (partial / "random_states_0.pkl").exists()
     assert run.of("attempt_start")[-1]["resume_from"] is None
     assert_same_weights(out / "lora.safetensors", ref / "lora.safetensors")
     assert_untouched(run, out)

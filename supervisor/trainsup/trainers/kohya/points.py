@@ -57,7 +57,7 @@ class ResumePoints(LedgerStates):
         self.saves = AttemptSaves(0, self.cadence.every_steps, frozenset(), None)
         self.final_from: tuple[Path, Path | None] | None = None  # (weights, state) of the last step
         self.publisher = Publisher(output_dir, run_dir or output_dir / ".trainsup", self.run_started,
-                                   journal.event)
+                                   journal.event, ledger.moved)
 
     def continue_ledger(self) -> None:
         """A ledger left by an earlier supervisor of this run dir (it died, or was stopped): claim
@@ -190,7 +190,6 @@ class ResumePoints(LedgerStates):
             moved = self.publisher.hide(state_path, why)
             hidden_state = moved or state_path
             if moved is not None:
-                self.ledger.moved(state_path, moved)
                 self._prune()
         if self.saves.stop_at is not None and state.step == self.saves.stop_at:
             self.final_from = (hidden_weights, hidden_state)
@@ -201,12 +200,15 @@ class ResumePoints(LedgerStates):
     def _prune(self) -> None:
         """Keep ``RUN_DIR/saves/`` small: of the saves trainsup hid (its own, asked for by its own
         cadence), only the newest two at an epoch's end and the newest of all can still be resumed
-        from; the others are deleted (a published one stays published: its files are hard links)."""
+        from, and those some attempt resumed from tell its story; the others are deleted (a published
+        one stays published: its files are hard links)."""
         per_epoch = self.per_epoch()
         hidden = [s for s in self.ledger.states if Path(s.dir).parent == self.publisher.saves]
         if not hidden:
             return
-        keep = {max(s.step for s in hidden), *sorted({s.step for s in hidden if epoch_aligned(s.step, per_epoch)})[-2:]}
+        aligned = sorted({s.step for s in hidden if epoch_aligned(s.step, per_epoch)})[-2:]
+        resumed_from = {a.resume_step for a in self.ledger.attempts}  # kept: each attempt's origin
+        keep = {max(s.step for s in hidden), *aligned, *resumed_from}
         for state in [s for s in hidden if s.step not in keep]:
             path = Path(state.dir)
             weights = path.with_name(f"{path.name.removesuffix('-state')}.{self.cadence.ext}")
@@ -283,9 +285,8 @@ class ResumePoints(LedgerStates):
                 self.publisher.state(state, final_state, self.cadence.max_steps or self.ledger.step_of(state) or 0)
             if self.final_from is None:
                 self.publisher.hide(weights, "the final save of an attempt's own name")
-                moved = self.publisher.hide(state, "the final save of an attempt's own name") if state else None
-                if moved is not None and state is not None:
-                    self.ledger.moved(state, moved)
+                if state is not None:
+                    self.publisher.hide(state, "the final save of an attempt's own name")
             if published is None and not want.exists():
                 return None
         return str(want) if want.exists() else None

@@ -50,15 +50,17 @@ class Publisher:
     """Publishes and hides the saves of one run's attempts (one per run)."""
 
     def __init__(self, output_dir: Path, run_dir: Path, run_started: float,
-                 event: Callable[..., object]) -> None:
+                 event: Callable[..., object], moved: Callable[[Path, Path], None]) -> None:
         self.output_dir, self.run_dir, self.run_started = output_dir, run_dir, run_started
         self.saves = run_dir / "saves"
         self.event = event  # the journal's: every move is on record
+        self.moved = moved  # the ledger follows a state it knows
 
     def hide(self, path: Path, why: str) -> Path | None:
         if not (path.exists() or path.is_symlink()):
             return None
         target = move_into(path, self.saves)
+        self.moved(path, target)
         self.event("save_hidden", dir=str(path), to=str(target), why=why)
         return target
 
@@ -73,6 +75,7 @@ class Publisher:
         if not ours or complete(dst):
             return False  # a complete save of this step is there already, or not ours to touch
         target = move_into(dst, self.run_dir / "set-aside")
+        self.moved(dst, target)
         self.event("state_set_aside", dir=str(dst), to=str(target), why="incomplete: replaced by a complete save")
         return True
 
