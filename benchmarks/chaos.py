@@ -21,7 +21,8 @@ After each run, violations of six invariants are counted:
    run is compared with a reference chained the same way (each segment of the run's resume lineage
    trained from the same step with the captions its attempt read);
 2. no file of the output dir present before an injection changed or vanished, except a save in
-   progress at that moment, the final-weights publish and the demo's append-only sample record;
+   progress at that moment, the final-weights publish, the demo's append-only sample record, and a
+   save trainsup moved out of sight whole (journal `save_hidden`, `state_set_aside`; or pruned later);
    the dataset, prompt file and base model hold exactly what the benchmark wrote;
 3. every resume (`attempt_start` with `resume_from`) came from a state that is complete (every file
    loads) and whose save no injection interrupted, and that the ledger lists and does not mark bad;

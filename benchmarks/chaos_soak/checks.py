@@ -77,6 +77,25 @@ def check_tracebacks(run: ChaosRun, invariant: int = 6) -> None:
                                                              f"{text[max(at, 0):][:600]!r}")
 
 
+def _kept_after_move(path: Path, digest: str, events: list[dict[str, Any]]) -> bool:
+    """Whether a file trainsup moved (journal ``save_hidden``, ``state_set_aside``) is whole where it
+    went, or was one of its own saves it pruned later (``save_pruned``)."""
+    for e in events:
+        if e.get("event") not in ("save_hidden", "state_set_aside"):
+            continue
+        src, dst = Path(e["dir"]), Path(e["to"])
+        if path == src or path.is_relative_to(src):
+            moved = dst / path.relative_to(src) if path != src else dst
+            if moved.is_file():
+                return sha256(moved) == digest
+            # a pruned state takes its weights file (same name without "-state") with it
+            pruned = {Path(p["dir"]) for p in events if p.get("event") == "save_pruned"}
+            state_of_weights = dst.with_name(f"{dst.stem}-state")
+            return e["event"] == "save_hidden" and any(d in (dst, state_of_weights) or dst.is_relative_to(d)
+                                                      for d in pruned)
+    return False
+
+
 def _check_files(run: ChaosRun) -> None:
     now = digest_dir(run.out, (".trainsup", FILLER))
     events, _ = read_events(run.run_dir)
@@ -89,6 +108,8 @@ def _check_files(run: ChaosRun) -> None:
         for rel, digest in inj.snapshot.items():
             if now.get(rel) == digest or rel in inj.in_progress or rel in reported:
                 continue
+            if _kept_after_move(run.out / rel, digest, events):
+                continue  # trainsup moved its own save out of sight, or set an incomplete one aside
             if rel == SAMPLE_RECORD and rel in now:
                 continue  # the demo appends a record per sample: checked as a prefix below
             what = "vanished" if rel not in now else "changed"
