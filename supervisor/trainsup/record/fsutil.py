@@ -1,4 +1,5 @@
-"""Owns small file-system primitives: atomic replace of derived files, and copy-or-link of weights."""
+"""Owns small file-system primitives: atomic replace of derived files, copy-or-link of weights, and
+moving a file or folder out of the way without ever landing on another."""
 
 from __future__ import annotations
 
@@ -42,3 +43,20 @@ def publish_copy(src: Path, dst: Path) -> None:
             shutil.copyfile(src, tmp)
 
     _replace_via_temp(dst, fill)
+
+
+def _free(path: Path) -> Path:
+    """``path``, or ``path.1``, ``path.2``, ... : the first name not taken."""
+    candidate, n = path, 0
+    while candidate.exists() or candidate.is_symlink():
+        n += 1
+        candidate = path.with_name(f"{path.name}.{n}")
+    return candidate
+
+
+def move_into(path: Path, folder: Path) -> Path:
+    """Move a file or state dir into ``folder`` (created), never over anything; returns where it went."""
+    folder.mkdir(parents=True, exist_ok=True)
+    target = _free(folder / path.name)
+    shutil.move(str(path), str(target))  # a rename on one file system, copy-and-delete across two
+    return target

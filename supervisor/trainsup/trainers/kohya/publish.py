@@ -18,25 +18,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ...record.fsutil import publish_copy
+from ...record.fsutil import move_into, publish_copy
 from .states import check_safetensors, check_state
-
-
-def _free(path: Path) -> Path:
-    """``path``, or ``path.1``, ``path.2``, ... : the first name not taken."""
-    candidate, n = path, 0
-    while candidate.exists() or candidate.is_symlink():
-        n += 1
-        candidate = path.with_name(f"{path.name}.{n}")
-    return candidate
-
-
-def move_into(path: Path, folder: Path) -> Path:
-    """Move a file or state dir into ``folder`` (created), never over anything; returns where it went."""
-    folder.mkdir(parents=True, exist_ok=True)
-    target = _free(folder / path.name)
-    shutil.move(str(path), str(target))  # a rename on one file system, copy-and-delete across two
-    return target
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:

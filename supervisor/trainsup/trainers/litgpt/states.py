@@ -25,6 +25,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
+from ...record.fsutil import move_into
 from ...record.journal import Journal
 from ...record.ledger import Ledger, StateRecord
 from ..stepstates import StepStates, newest_mtime
@@ -144,9 +145,7 @@ class LitStates(StepStates):
             if dst.exists():
                 if not self._check(dst) or newest_mtime(dst) < int(started):
                     continue  # complete (the same step of the same run), or not this run's
-                aside = self.run_dir / "set-aside" / f"attempt-{self.attempt}" / src.name
-                aside.parent.mkdir(parents=True, exist_ok=True)
-                shutil.move(str(dst), str(aside))
+                aside = move_into(dst, self.run_dir / "set-aside" / f"attempt-{self.attempt}")
                 self.journal.event("state_set_aside", dir=str(dst), to=str(aside), attempt=self.attempt,
                                    why="incomplete: replaced by a complete save")
             try:
