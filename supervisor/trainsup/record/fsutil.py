@@ -60,3 +60,11 @@ def move_into(path: Path, folder: Path) -> Path:
     target = _free(folder / path.name)
     shutil.move(str(path), str(target))  # a rename on one file system, copy-and-delete across two
     return target
+
+
+def link_or_copy(src: str | Path, dst: str | Path) -> None:
+    """``dst`` as a hard link of ``src`` (no extra space), or a copy across file systems."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)

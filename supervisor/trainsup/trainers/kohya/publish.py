@@ -18,15 +18,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ...record.fsutil import move_into, publish_copy
+from ...record.fsutil import link_or_copy, move_into, publish_copy
 from .states import check_safetensors, check_state
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
 
 
 class Publisher:
@@ -86,7 +79,7 @@ class Publisher:
                     data["current_step"] = true_step
                     (tmp / f.name).write_text(json.dumps(data), encoding="utf-8")
                 elif f.is_file():
-                    _link_or_copy(f, tmp / f.name)
+                    link_or_copy(f, tmp / f.name)
             os.rename(tmp, dst)
         except BaseException:
             with contextlib.suppress(OSError):

@@ -25,7 +25,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from ...record.fsutil import move_into
+from ...record.fsutil import link_or_copy, move_into
 from ...record.journal import Journal
 from ...record.ledger import Ledger, StateRecord
 from ..stepstates import StepStates, newest_mtime
@@ -189,15 +189,10 @@ def _link_tree(src: Path, dst: Path) -> None:
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".final.", dir=dst.parent))
     try:
-        shutil.copytree(src, tmp, dirs_exist_ok=True, copy_function=_link_or_copy)
+        shutil.copytree(src, tmp, dirs_exist_ok=True, copy_function=link_or_copy)
         os.rename(tmp, dst)  # fails, leaving dst alone, if something made it meanwhile (non-empty)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # only our own temporary links and copies
         raise
 
 
-def _link_or_copy(src: str, dst: str) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
