@@ -104,7 +104,10 @@ def test_a_lora_lr_schedule_that_divides_by_zero_restarts_fresh_with_a_valid_war
     # the first attempt's step folders (LitGPT rewrites them in place, file by file) never changed
     assert {"step-000005/lit_model.pth.lora", "step-000015/prompt_style.yaml"} <= set(run.at_first_fault)
     assert_untouched(run, out)
-    assert not (out / "step-000020").exists()  # the first attempt died at its 20th step
+    # The first attempt died at its 20th step; the fresh start's step-000020 (which out lacked) is
+    # published from its own out dir as hard links, its earlier folders left where out has them.
+    assert (out / "step-000020" / "lit_model.pth.lora").samefile(own / "step-000020" / "lit_model.pth.lora")
+    assert [Path(e["dst"]).name for e in run.of("save_published")] == ["step-000020"]
     assert run.of("finished")[0]["final_weights"] == str(out / "final")
     assert (out / "final" / "lit_model.pth").stat().st_size > 0  # LoRA's merged weights, published
     assert (out / "final" / "lit_model.pth").samefile(own / "final" / "lit_model.pth")  # a hard link
@@ -150,12 +153,17 @@ def test_a_lora_state_cut_at_its_save_line_is_never_taken_for_a_state(litgpt_bed
     finally:
         killer.join(timeout=30)
     assert killer.killed and run.returncode == 0, run.stderr[-3000:]
-    assert run.at_first_fault and not (cut / "prompt_style.yaml").exists(), (left, sorted(run.at_first_fault))
+    # The cut folder is moved aside as the kill left it, and the fresh start's complete step-000015
+    # published in its place (the out dir then lists what an uninterrupted run writes).
+    aside = [Path(e["to"]) for e in run.of("state_set_aside") if e["dir"] == str(cut)]
+    assert run.at_first_fault and aside and not (aside[0] / "prompt_style.yaml").exists(), \
+        (left, sorted(run.at_first_fault))
+    assert (cut / "prompt_style.yaml").is_file()
     assert [(s["step"], s["attempt"]) for s in ledger(run.run_dir)["states"] if s["attempt"] == 1] == [(5, 1), (10, 1)]
     start = run.of("attempt_start")[-1]
     assert start["resume_from"] is None  # LoRA cannot resume: a fresh start, in an out dir of its own
     assert start["argv"][start["argv"].index("--out_dir") + 1] == str(run.run_dir / "attempt-2-out")
-    assert_untouched(run, out)  # the cut folder stays as the kill left it
+    assert_untouched(run, out)  # the cut folder's files are whole where it was moved
     assert (out / "final" / "lit_model.pth").is_file()
 
 
