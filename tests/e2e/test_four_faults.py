@@ -39,8 +39,9 @@ def resumed_attempt(run, state: Path | str, step: int) -> None:
     assert starts[-1]["resume_from"] == str(state) and starts[-1]["resume_step"] == step
     argv = starts[-1]["argv"]
     assert argv[argv.index("--resume") + 1] == str(state) and argv[argv.index("--initial_step") + 1] == str(step)
-    # at an epoch's end (4 steps an epoch here) kohya resumes exactly without skipping batches
-    assert ("--skip_until_initial_step" in argv) == (step % 4 != 0)
+    # kohya resumes exactly without skipping batches only at an epoch's end (4 steps an epoch here);
+    # before its start-up summary told trainsup the epoch's length, trainsup keeps skipping
+    assert "--skip_until_initial_step" in argv or step % 4 == 0
 
 
 def test_meta_tensor_adds_fp8_base_and_resumes(assets: dict[str, Path], tmp_path: Path) -> None:

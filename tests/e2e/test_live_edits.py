@@ -61,12 +61,17 @@ def test_prompt_edits_under_te_caching_apply_at_checkpoints_without_a_crash(asse
     kinds = [e["event"] for e in run.events if e["event"] in ("change_scheduled", "change_applied")]
     assert kinds == ["change_scheduled", "change_applied", "change_scheduled", "change_applied"]
     starts = run.of("attempt_start")
-    assert [s["resume_step"] for s in starts] == [0, 8, 16]  # each change waited for the next checkpoint
+    # Each change waited for the next complete checkpoint: the epoch-end state trainsup saves at the
+    # edit's own step (4 steps an epoch) when it completes after the change was scheduled, else the
+    # next step state.
+    zero, a, b = (s["resume_step"] for s in starts)
+    assert zero == 0 and a in (4, 8) and b in (12, 16), starts
     # Nothing redone, nothing lost: the attempts trained exactly --max_train_steps between them.
     assert sum(e["steps_trained"] for e in run.of("attempt_end")) == 24
-    # Samples after each switch use the new prompts: 4 rounds per 8 steps, sampling every 2 steps.
+    # Samples after each switch use the new prompts, sampling every 2 steps.
     first = {line.split(" --")[0] for line in original.decode().splitlines() if line and not line.startswith("#")}
-    assert sampling_rounds(out) == [first] * 4 + [{V2.split(" --")[0]}] * 4 + [{V3.split(" --")[0]}] * 4
+    v2, v3 = {V2.split(" --")[0]}, {V3.split(" --")[0]}
+    assert sampling_rounds(out) == [first] * (a // 2) + [v2] * ((b - a) // 2) + [v3] * ((24 - b) // 2)
     assert prompts.read_text() == V3  # the user's file is theirs: never rewritten
 
 
