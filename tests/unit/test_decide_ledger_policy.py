@@ -10,6 +10,7 @@ from trainsup.record.ledger import label_offset
 from trainsup.run.decide import History, Outcome, decide, record
 from trainsup.run.policy import Policy, PolicyError, parse_policy
 from trainsup.sensors.oomkills import killed_for_memory, oom_kills
+from trainsup.trainers.kohya.exact import trains_past
 
 
 def outcome(fault: str | None, uptime: float = 100.0, steps: int = 5, new_state: bool = False,
@@ -86,11 +87,12 @@ def test_example_config_is_a_valid_project_whose_policy_shows_the_defaults() -> 
 
 
 def test_kohya_overshoot_after_resume_is_predicted() -> None:
-    from trainsup.record.ledger import post_resume_overshoot
+    def overshoot(resume: int, max_steps: int, per_epoch: int) -> int:
+        return trains_past(label_offset(resume, True, per_epoch), max_steps, per_epoch)
 
-    assert post_resume_overshoot(8, 18, 4) == 2  # 5 epochs of 4 = 20 steps, its stop never fires
-    assert post_resume_overshoot(8, 20, 4) == 0  # whole epochs: nothing extra
-    assert post_resume_overshoot(3, 18, 4) == 0  # resumed inside the first epoch: labels are right
+    assert overshoot(8, 18, 4) == 2  # 5 epochs of 4 = 20 steps, its stop never fires
+    assert overshoot(8, 20, 4) == 0  # whole epochs: nothing extra
+    assert overshoot(3, 18, 4) == 0  # resumed inside the first epoch: labels are right
 
 
 def test_a_user_rule_that_says_restartable_false_stops_at_once() -> None:

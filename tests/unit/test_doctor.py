@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from trainsup.commands.doctor import doctor, format_text
+from trainsup.run.policy import Policy
 from trainsup.sensors import gpu
 from trainsup.trainers.interpreter import Probe, at_least, parse_version
+from trainsup.trainers.kohya.prepare import prepare
 from trainsup.trainers.kohya.sthead import HeaderError, float8_dtypes, load_header, read_header
 
 GIB = 1 << 30
@@ -215,3 +217,15 @@ def test_a_command_no_adapter_knows_gets_the_interpreter_the_gpu_and_one_line_sa
     assert [(f.severity, f.id) for f in report.findings] == [("info", "python_unknown"), ("info", "trainer"),
                                                               ("info", "gpu")]
     assert report.exit_code == 0 and report.python is None
+
+
+def test_a_command_without_data_loader_workers_is_told_its_resume_is_not_bit_exact(kohya: Path) -> None:
+    argv = ["train_network.py", "--pretrained_model_name_or_path", "model.safetensors", *BASE]
+    _findings, text = run(kohya, *argv, "--max_data_loader_n_workers", "0")
+    assert "INFO inexact_resume: --max_data_loader_n_workers 0: after a resume" in text
+    _findings, text = run(kohya, *argv, "--max_data_loader_n_workers", "2")
+    assert "inexact_resume" not in text
+    notes = prepare([sys.executable, *argv, "--max_data_loader_n_workers", "0"], kohya, Policy().trainer_settings()).notes
+    assert any("resumed run's weights differ slightly" in n for n in notes)
+    notes = prepare([sys.executable, *argv], kohya, Policy().trainer_settings()).notes
+    assert any("--save_every_n_epochs 1" in n for n in notes) and not any("differ slightly" in n for n in notes)

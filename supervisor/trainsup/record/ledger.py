@@ -130,18 +130,3 @@ def label_offset(resume_step: int, skip_until_initial_step: bool, batches_per_ep
     per_epoch = math.ceil(batches_per_epoch / grad_accum)
     epochs_skipped = initial // per_epoch if per_epoch else 0
     return resume_step - (initial - epochs_skipped * batches_per_epoch)
-
-
-def post_resume_overshoot(resume_step: int, max_train_steps: int, batches_per_epoch: int,
-                          grad_accum: int = 1) -> int:
-    """Steps kohya trains past ``max_train_steps`` after a skip-resume, by its own loop bounds.
-
-    Its epoch count comes from ``max_train_steps``, but after a resume its step labels run behind the
-    absolute step, so its ``global_step >= max_train_steps`` stop never fires and it finishes the
-    last epoch whole. Nothing is lost when the steps fill whole epochs.
-    """
-    offset = label_offset(resume_step, True, batches_per_epoch, grad_accum)
-    if offset <= 0:
-        return 0
-    per_epoch = max(1, math.ceil(batches_per_epoch / grad_accum))
-    return math.ceil(max_train_steps / per_epoch) * per_epoch - max_train_steps

@@ -129,13 +129,8 @@ class KohyaRun(TrainerRun):
                 "(trainsup run writes a derived copy instead)" for key in sorted(plan.config_overlay_removed)]
 
     def on_summary(self, batches_per_epoch: int | None, grad_accum: int | None) -> Notice | None:
-        extra = self.points.summary(batches_per_epoch, grad_accum, self.prepared.max_train_steps)
-        if not extra:
-            return None
-        return Notice("kohya will train past --max_train_steps after this resume",
-                      f"warning: kohya will train {extra} steps past --max_train_steps after this resume "
-                      "(its epochs are not whole); choose max_train_steps as a multiple of the steps per epoch",
-                      {"extra_steps": extra})
+        self.points.summary(batches_per_epoch, grad_accum)
+        return None
 
     @functools.cached_property
     def doctor_view(self) -> CommandView:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...record.journal import Journal
-from ...record.ledger import AttemptRecord, Ledger, StateRecord, label_offset, post_resume_overshoot
+from ...record.ledger import AttemptRecord, Ledger, StateRecord, label_offset
 from ..ledgerstates import LedgerStates
 from .exact import AttemptSaves, attempt_saves, epoch_aligned
 from .profile import final_weights_name, parse_state_name, state_dir_names, weights_files_for
@@ -104,21 +104,18 @@ class ResumePoints(LedgerStates):
             return AttemptSaves(0, c.every_steps, frozenset(), None)  # unknown: the user's cadence, as given
         return attempt_saves(offset, rec.resume_step, c.max_steps, per_epoch, c.every_steps)
 
-    def summary(self, batches_per_epoch: int | None, grad_accum: int | None, max_train_steps: int) -> int:
-        """Fix the attempt's label offset from the start-up summary; return kohya's overshoot that
-        trainsup does not stop (0 when it stops the trainer at the last step)."""
+    def summary(self, batches_per_epoch: int | None, grad_accum: int | None) -> None:
+        """Fix the attempt's label offset from the start-up summary, and with it where its saves land
+        and where to stop it (kohya never trains past the last step: trainsup stops it there)."""
         rec = self.ledger.attempt(self.attempt)
         if not batches_per_epoch or rec.batches is not None:
-            return 0
+            return
         ga = grad_accum or 1
         rec.batches, rec.grad_accum = batches_per_epoch, ga
         if rec.offset is None:
             rec.offset = label_offset(rec.resume_step, rec.skips, batches_per_epoch, ga)
         self.ledger.save()
         self.saves = self._plan(rec)
-        if self.saves.stop_at is not None:
-            return 0
-        return post_resume_overshoot(rec.resume_step, max_train_steps, batches_per_epoch, ga) if rec.skips else 0
 
     def written_this_attempt(self, path: Path) -> bool:
         try:
