@@ -25,7 +25,7 @@ from typing import TextIO
 
 from ..faults.linetext import strip_ansi
 from ..faults.logscan import LogScan, scan_file, scan_log
-from ..faults.remedies import NOT_RESTARTABLE, Action, Rung, stop
+from ..faults.remedies import NOT_RESTARTABLE, Action, Rung, required_spec, stop, upgrade_spec
 from ..faults.remedies import ladder as builtin_ladder
 from ..faults.rules import BUILTIN_RULES, FaultRule
 from ..faults.userrules import compose_rules
@@ -65,6 +65,7 @@ class Diagnosis:
         if self.command is not None:
             out["command"] = self.command
             out["command_source"] = self.command_source
+            out["command_changed"] = self.command_changed
         return out
 
 
@@ -89,7 +90,7 @@ class Remedy:
 
 def _pip(action: Action, known: Known | None, evidence: str | None) -> tuple[str, str]:
     """The package spec an upgrade installs, and the pip command in the trainer's interpreter."""
-    spec = known.trainer.upgrade_spec(action, evidence) if known is not None else action.name
+    spec = known.trainer.upgrade_spec(action, evidence) if known is not None else upgrade_spec(action, evidence)
     python = known.trainer.python({}) if known is not None else None
     return spec, " ".join(upgrade_command(python or "<trainer's python>", shlex.quote(spec)))
 
@@ -198,6 +199,9 @@ def diagnose_scan(name: str, scan: LogScan, rules: Sequence[FaultRule] = BUILTIN
     if diagnosis.fault is None:
         return diagnosis
     diagnosis.explanation = _explanation(diagnosis.fault, rules)
+    required = required_spec(diagnosis.evidence) if diagnosis.fault == "missing_dependency" else None
+    if required is not None:  # an import-time version check names exactly what to install
+        diagnosis.explanation += f" It needs {required}: run pip install {shlex.quote(required)} in the trainer's environment."
     argv, source = (command, "--command") if command is not None else (scan.command, "log")
     plan = None
     if argv is not None:

@@ -3,8 +3,12 @@
 A trainer's output reaches the supervisor decorated: ANSI colours from rich, rank
 tags from torchrun (``[rank0]:``), timestamps and level columns from rich, GUIs and
 log shippers (``[12:01:02] [STDERR]``, ``2024-08-01T12:00:00Z stdout F``,
-``INFO |``), rich's right-aligned ``train_util.py:123`` source column, and tqdm bars
-that the next message gets glued onto.  Fault patterns are written against the bare
+``INFO |``, ``2024-05-01 10:00:00,123 - INFO -``, ``[INFO]``, kohya_ss's
+``12:01:02-123456 INFO``), rich's right-aligned ``train_util.py:123`` source column,
+and tqdm bars that the next message gets glued onto.  Logs pasted into an issue also
+carry markdown: ``> `` quote markers (nested too) and code fence lines, which say
+nothing and clean to an empty line.  rich's boxed tracebacks are read in CPython's words
+(the box's header and ``path:123 in func`` rows become the header and frames).  Fault patterns are written against the bare
 message, so everything here peels the decoration off and nothing else.
 
 Speed matters more than elegance: ``clean_line`` runs on every line of logs that
@@ -31,20 +35,30 @@ _ONE_PREFIX = r"""
       | \d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\]:?
       | \d{2}/\d{2}/\d{2,4}[ ]\d{2}:\d{2}:\d{2}\]               # rich's default [%x %X]
       | (?:STDERR|STDOUT|stderr|stdout)\]:?
+      | (?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|debug|info|warning|warn|error)\]:?   # [INFO] (fluxgym, GUIs)
     )
   | \d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?:?   # bare ISO-ish dates
+        (?:[ ]-[ ](?:[\w.]{1,64}[ ]-[ ](?=(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b))?)?  # "- name - " (logging's default)
+  | \d{1,2}:\d{2}:\d{2}(?:[.,-]\d{1,6})?(?=\s)                  # bare times (kohya_ss GUI: 12:01:02-123456)
   | (?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)            # level words, but only in the
-        (?:[ \t]*\||:|[ \t]{2,}|(?<=CRITICAL)[ ]|(?<=WARNING)[ ])  # shapes loggers print them in
+        (?:[ \t]*[|-](?=\s)|:|[ \t]{2,}|(?<=CRITICAL)[ ]|(?<=WARNING)[ ])  # shapes loggers print them in
   | std(?:out|err)[ ][FP](?=\s)                                 # CRI (containerd/k8s) stream + tag
   | \|(?=\s)                                                    # "| " column separators
+  | >+(?=\s|$)                                                  # markdown quote markers, nested too
 """
 _PREFIX = re.compile(r"(?:\s*(?:" + _ONE_PREFIX + r"))+\s*", re.VERBOSE)
+
+# rich's boxed tracebacks (``rich.traceback``): rows inside ``│ ... │`` between ``╭─ Traceback ... ─╮``
+# and ``╰─...─╯``; a frame row is ``path:123 in func``, a code row ``❱ 123 │ code``.
+_BOX_FIRST = frozenset("│╭╰")
+_RICH_FRAME = re.compile(r"(?P<path>\S.{0,400}?):(?P<line>\d+) in (?P<func>\S+)$")
+_RICH_CODE = re.compile(r"(?:❱\s*)?\d+(?:\s*│|$)")
 
 # What follows the last run of 2+ spaces when rich added its source column.
 _SOURCE_COLUMN = re.compile(r"[\w.-]+\.py:\d+")
 
 # First characters a decorated line can start with; anything else skips the regex.
-_PREFIX_FIRST = frozenset("[0123456789 \t|DIWECF")
+_PREFIX_FIRST = frozenset("[0123456789 \t|DIWECF>")
 
 # sd-scripts' own format (rich, datefmt "%Y-%m-%d %H:%M:%S"): a 19-character time or
 # 19 blanks (rich blanks a repeated time), a space, then the level padded to 8 and a
@@ -55,7 +69,9 @@ _RICH_LEVELS = frozenset({"DEBUG    ", "INFO     ", "WARNING  ", "ERROR    ", "C
 # may be "?" and counts may carry k/M/G suffixes.
 _BAR_END = re.compile(r"\|\s*[\d.]+[kMG]?(?:/[\d.?]+[kMG]?)?(?:it)?\s*\[[^\]\n]*\]")
 
-_RANK = re.compile(r"\s*\[(?:rank|default)(\d+)\]")
+# The tag may follow other decoration (a quote marker, a GUI's time): a tag in the first characters.
+_RANK = re.compile(r".{0,64}?\[(?:rank|default)(\d+)\]")
+_RANK_WITHIN = 96
 
 
 def strip_ansi(s: str) -> str:
@@ -87,9 +103,37 @@ def clean_line(s: str) -> str:
         if m is not None:
             s = s[m.end():]
     s = s.rstrip()
+    if s[:1] in _BOX_FIRST:
+        return _unbox(s)
+    if s[:3] == "```" or s[-3:] == "```":
+        s = _unfence(s)
     if s[-1:].isdigit():
         s = _drop_source_column(s)
     return s.strip()
+
+
+def _unbox(s: str) -> str:
+    """A row of rich's boxed traceback, in CPython's words: the top border is the traceback's header,
+    a ``path:123 in func`` row its frame; code rows, other borders and nested panels say nothing."""
+    if s[0] != "│":
+        return "Traceback (most recent call last):" if "Traceback" in s else ""
+    inner = s.strip("│ \t")
+    if not inner or inner[0] in _BOX_FIRST or _RICH_CODE.match(inner) is not None:
+        return ""
+    m = _RICH_FRAME.match(inner)
+    if m is None:
+        return inner
+    return f'File "{m.group("path")}", line {m.group("line")}, in {m.group("func")}'
+
+
+def _unfence(s: str) -> str:
+    """A markdown code fence line says nothing (``````` or ```````python``); text glued to a fence is kept."""
+    if s[:3] == "```":
+        rest = s.lstrip("`").strip()
+        if not rest or (len(rest) <= 20 and rest[0].islower() and " " not in rest):
+            return ""  # a fence, with or without its language tag
+        return clean_line(rest)
+    return s.rstrip("`").rstrip()
 
 
 def _drop_source_column(s: str) -> str:
@@ -132,7 +176,7 @@ def rank_tag(raw: str) -> str:
     """
     if "[rank" not in raw and "[default" not in raw:
         return ""
-    m = _RANK.match(strip_ansi(raw))
+    m = _RANK.match(strip_ansi(raw)[:_RANK_WITHIN])
     return m.group(1) if m is not None else ""
 
 

@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from .linetext import clean_line
+
 ActionKind = Literal["add_flag", "remove_flag", "set_env", "upgrade", "halve_batch",
                      "lower_workers", "wait_foreign", "restart", "stop"]
 
@@ -149,3 +151,43 @@ NOT_RESTARTABLE = frozenset({"config_error", "missing_dependency", "disk_full"})
 
 def ladder(fault: str) -> tuple[Rung, ...]:
     return LADDERS.get(fault, LADDERS["unknown"])
+
+
+# transformers' import-time dependency check (``dependency_versions_check``): ``ImportError:
+# safetensors>=0.4.3 is required for a normal functioning of this module, but found safetensors==0.4.1.``
+_SPEC = r"(?:===?|[<>!~]=?)\s*[\w.*+!-]+"
+_REQUIRED = re.compile(r"(?P<pkg>[A-Za-z0-9][\w.-]*)\s*(?P<specs>" + _SPEC + r"(?:\s*,\s*" + _SPEC + r")*)"
+                       r" is required for a normal functioning")
+_AT_LEAST = re.compile(r">=\s*(\d+(?:\.\d+)*)$")
+
+
+def required_spec(evidence: str | None) -> str | None:
+    """The requirement an import-time version check printed (``safetensors>=0.4.3``), else None."""
+    if not evidence:
+        return None
+    rows = [clean_line(row) for row in evidence.split("\n")]  # a message rich or a terminal wrapped
+    m = _REQUIRED.search(" ".join(rows)) or _REQUIRED.search("".join(rows))
+    if m is None:
+        return None
+    return m.group("pkg") + ",".join(part.replace(" ", "") for part in m.group("specs").split(","))
+
+
+def _name(spec: str) -> str:
+    return re.split(r"[<>=!~,\[ ]", spec, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def _version(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in v.split("."))
+
+
+def upgrade_spec(action: Action, evidence: str | None) -> str:
+    """The spec an ``upgrade`` action installs: its own, made to satisfy a requirement the evidence
+    printed for the same package too (the higher of two ``>=``, else both specifiers)."""
+    required = required_spec(evidence)
+    if required is None or _name(required) != _name(action.name):
+        return action.name
+    ours, theirs = action.name[len(_name(action.name)):], required[len(_name(required)):]
+    a, b = _AT_LEAST.match(ours), _AT_LEAST.match(theirs)
+    if a is not None and b is not None:
+        return required if _version(b.group(1)) >= _version(a.group(1)) else action.name
+    return action.name + "," + theirs

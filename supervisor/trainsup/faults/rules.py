@@ -25,6 +25,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from .frames import LOADER_FRAMES, SAMPLING_FRAMES
+
 __all__ = [
     "BUILTIN_RULES",
     "FAULT_IDS",
@@ -135,9 +137,12 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
             # the same old safetensors loading a float8 checkpoint
             r"Dtype not understood: F8_E[45]M\d",
             r"load_model\(\) got an unexpected keyword argument 'device'",
+            # transformers' import-time dependency check: the same old serializer, caught before any save
+            r"safetensors>=[\d.]+ is required for a normal functioning",
         ),
         explanation="The trainer's safetensors is too old for float8 weights (0.4.2 saves them, 0.4.3 loads "
-        "them with a device); upgrade it in the trainer's own environment.",
+        "them with a device; transformers refuses to import with a release below the one it requires); "
+        "upgrade it in the trainer's own environment.",
     ),
     FaultRule(
         id="fp8_op_unsupported",
@@ -250,14 +255,16 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
         id="te_cache_none",
         patterns=(
             r"'NoneType' object has no attribute '(?:to|ndim)'", r"not enough values to unpack \(expected 4, got 0\)",
+            # sampling before the prompts were encoded at all (sd-scripts' Flux/SD3 trainers)
+            r"has no attribute 'sample_prompts_te_outputs'",
         ),
         # The same AttributeError from a dataset or a model loader is a different bug.
         excludes=(r"[Dd]ata[Ll]oader", r"[Dd]ataset", r"__getitem__", r"(?<![a-z])load_\w"),
         # The scanner checks the frames of the traceback the message ends: sampling
         # code confirms, a dataset or loader frame refutes (innermost frame first),
         # frames of neither kind refute; with no frames in sight the message decides.
-        frames_require=(r"sample", r"prompt"),
-        frames_exclude=(r"__getitem__", r"(?<![a-z])load_", r"[Dd]ataset", r"[Dd]ata[Ll]oader"),
+        frames_require=SAMPLING_FRAMES,
+        frames_exclude=LOADER_FRAMES,
         explanation="A sample prompt has no entry in the text-encoder output cache (it was edited or added "
         "after the cache was built).",
     ),

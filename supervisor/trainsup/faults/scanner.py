@@ -8,11 +8,14 @@ Evidence explains a failure; it never invents one.  The verdict is the line that
 ended the run, in this order of preference:
 1. the exception line of a traceback (frames in sight: *anchored*), the first one,
    so launcher noise after the trainer's traceback and a chained exception never
-   override the root cause;
-2. a live fault (NaN loss: the trainer does not stop by itself);
-3. of all other evidence, the *last* line: an argparse error or the launcher's
+   override the root cause; an exception a launcher raises to report its child
+   (accelerate's ``CalledProcessError``, torchrun's ``ChildFailedError``) is not one;
+2. a traceback judged by its frames (``frames``: a cut traceback, or one whose
+   exception line names no fault), the first one;
+3. a live fault (NaN loss: the trainer does not stop by itself);
+4. of all other evidence, the *last* line: an argparse error or the launcher's
    report of a SIGKILL just before the end explains it better than a warning
-   printed at import.
+   printed at import (weak evidence never replaces root evidence here).
 Evidence followed by a trained step (the ``steps`` bar moved past where it was) did
 not end the run and is dropped, whatever it mentions; live evidence stays.  ``classify_exit``
 combines the verdict with the exit status: a run that exits 0 with kohya's success
@@ -33,6 +36,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from .exits import SIGNAL_LINE, STATUS_LINE, TORCHRUN_LINE, ExitInfo, classify_exit, parse_child_status
+from .frames import FRAME_RULES, CompiledFrameRule, FrameJudge, FrameRule, is_launcher
 from .keys import KeyIndex
 from .keys import is_folded as _folded
 from .linetext import bar_tail, clean_line, rank_tag, starts_record, strip_ansi
@@ -59,6 +63,7 @@ _FRAME = re.compile(r'^File "([^"]*)", line \d+, in (.+)$')
 _FRAME_STALE_LINES = 12
 _IGNORED = tuple(re.compile(p) for p in IGNORED_LINE_PATTERNS)
 _TB, _FR, _ST = -1, -2, -3  # owners of the structural patterns in the key index
+_HINT = -4  # frame rule j's hint is owned by _HINT - j
 _MAX_ROWS = 4  # rows of one wrapped message worth rejoining
 _MAX_ROW = 512  # longer lines are not rows rich wrapped at 80 columns: never rejoined
 # Fault messages sit at the start of a line (or right after a glued bar) and are
@@ -79,13 +84,16 @@ class Evidence:
     strength: str
     anchored: bool = False  # the exception line of a traceback (frames in sight)
     live: bool = False  # the rule asks for action while the child runs (NaN loss)
+    framed: bool = False  # found by a frame rule: the traceback's frames and a hint in sight
 
 
 class FaultScanner:
     """Classifies one attempt's output line by line; use one scanner per attempt."""
 
-    def __init__(self, rules: Sequence[FaultRule] = BUILTIN_RULES) -> None:
+    def __init__(self, rules: Sequence[FaultRule] = BUILTIN_RULES,
+                 frame_rules: Sequence[FrameRule] = FRAME_RULES) -> None:
         self._rules = tuple(rules)
+        self._frame_rules = tuple(CompiledFrameRule(r) for r in frame_rules)
         self._excludes = [tuple(re.compile(p) for p in r.excludes) for r in self._rules]
         self._frames_require = [tuple(re.compile(p) for p in r.frames_require) for r in self._rules]
         self._frames_exclude = [tuple(re.compile(p) for p in r.frames_exclude) for r in self._rules]
@@ -100,6 +108,9 @@ class FaultScanner:
         for owner, structural in ((_TB, _TRACEBACK), (_FR, _FRAME), (_ST, STATUS_LINE), (_ST, SIGNAL_LINE), (_ST, TORCHRUN_LINE)):
             self._owner.append(owner)
             patterns.append(structural)
+        for j, frame_rule in enumerate(self._frame_rules):
+            self._owner.append(_HINT - j)
+            patterns.append(frame_rule.hint)
         self._patterns = patterns
         self._index = KeyIndex(patterns)
         # The last rows a wrapped message may span, (text, raw, lineno), and the last
@@ -107,8 +118,14 @@ class FaultScanner:
         self._rows: deque[tuple[str, str, int]] = deque(maxlen=_MAX_ROWS)
         self._key_row = -1
         self._frames: dict[str, tuple[int, list[str]]] = {}
+        self._judge = FrameJudge(self._frame_rules)
         self._seen: dict[str, Evidence] = {}
         self._live_ids = frozenset(r.id for r in self._rules if r.live)
+        self._priority: dict[str, int] = {}  # a fault's first place in the table
+        for n, rule in enumerate(self._rules):
+            self._priority.setdefault(rule.id, n)
+        for rule in frame_rules:
+            self._priority.setdefault(rule.id, len(self._rules))
         # The candidates for the verdict, one per kind (see the module doc), each with
         # the training bar that was newest when it was seen.
         self._held: dict[str, tuple[Evidence, str | None]] = {}
@@ -176,9 +193,14 @@ class FaultScanner:
         ev, structural = self._scan(text, raw_line, lineno) if hit else (None, False)
         if rows and ev is None and not structural and tail is None and len(text) <= _MAX_ROW:
             ev = self._scan_joined(text, raw_line, lineno)
-        # Remember what the next line may continue: nothing after evidence or a
-        # traceback line, only the glued text after a bar, else this line too.
-        if ev is not None or structural or tail is not None or len(text) > _MAX_ROW:
+        # Remember what the next line may continue: nothing after a traceback line, only
+        # the glued text after a bar, else this line; after evidence of its own, only this
+        # line (the rows rich wraps its message onto may name the fault more exactly).
+        if ev is not None and ev.lineno == lineno and not (structural or ev.framed or tail is not None
+                                                           or len(text) > _MAX_ROW):
+            rows.clear()
+            rows.append((text, raw_line, lineno))
+        elif ev is not None or structural or tail is not None or len(text) > _MAX_ROW:
             rows.clear()
             if tail and len(tail) <= _MAX_ROW:
                 rows.append((tail, raw_line, lineno))
@@ -218,23 +240,39 @@ class FaultScanner:
             elif owner == _FR and (m := _FRAME.match(text)) is not None:
                 rank = rank_tag(raw)
                 frames = self._frames.get(rank, (lineno, []))[1]
-                frames.append(m.group(1).replace("\\", "/").rsplit("/", 1)[-1] + " " + m.group(2))
+                frames.append(m.group(1).replace("\\", "/").rsplit("/", 1)[-1] + " " + m.group(2).strip())
                 self._frames[rank] = (lineno, frames)
-                return None, True
+                found = self._judge.frame(frames, rank, lineno)
+                return (None if found is None else Evidence(found[0], found[1], found[2], "root", framed=True)), True
             elif owner == _ST and (status := parse_child_status(text)) is not None:
                 self._child = status
+        # A frame rule's hint counts in the code a frame quotes too (``te_outputs[prompt]``).
+        hinted = None
+        if candidates and self._owner[candidates[-1]] <= _HINT:
+            hinted = self._note_hints(text, raw, lineno, candidates)
         if self._is_source_line(raw, text, lineno):
-            return None, True  # a traceback quoting code; its exception line follows
+            return hinted, True  # a traceback quoting code; its exception line follows
         found = self._match(text, raw, lineno, candidates)
         if found is None:
-            return None, structural
+            return hinted, structural
         return Evidence(found[0].id, raw, lineno, found[0].strength, self._in_traceback(raw, lineno)), structural
+
+    def _note_hints(self, text: str, raw: str, lineno: int, candidates: list[int]) -> Evidence | None:
+        """Remember the frame rules' hints on this line; judge the frames in sight by them."""
+        rank = rank_tag(raw)
+        for k in candidates:
+            j = _HINT - self._owner[k]
+            if j >= 0 and self._patterns[k].search(text) is not None:
+                found = self._judge.hint(j, lineno, rank, raw, self._frames)
+                if found is not None:
+                    return Evidence(found[0], found[1], found[2], "root", framed=True)
+        return None
 
     def _in_traceback(self, raw: str, lineno: int) -> bool:
         """Whether a line at ``lineno`` may be the exception line of a traceback in sight
         (one cut off after its header counts: it shows what ended the run)."""
         last = self._frames.get(rank_tag(raw))
-        return last is not None and lineno - last[0] <= _FRAME_STALE_LINES
+        return last is not None and lineno - last[0] <= _FRAME_STALE_LINES and not is_launcher(last[1])
 
     def _frames_in_sight(self, raw: str, lineno: int) -> list[str] | None:
         """The frames of the traceback a line at ``lineno`` may end, if one is in sight."""
@@ -254,7 +292,10 @@ class FaultScanner:
             return False
         plain = strip_ansi(raw)
         at = plain.find(text)
-        return at >= 4 and plain[at - 4:at] == "    "
+        # Indented by exactly four spaces after any decoration; a log record's level column
+        # ("ERROR    ") and rich's continuation rows (29 blanks) are not.
+        head = plain[:at]
+        return head.endswith("    ") and not head.endswith("     ") and not head.rstrip()[-1:].isalpha()
 
     def _scan_joined(self, text: str, raw: str, lineno: int) -> Evidence | None:
         """Try the remembered rows joined to ``text``, without and with a space.
@@ -323,10 +364,17 @@ class FaultScanner:
         if ev.fault in self._live_ids:
             ev = replace(ev, live=True)
             kind = "live"
+        elif ev.framed:
+            kind = "framed"
         else:
             kind = "anchored" if ev.anchored and ev.strength == "root" else "last"
         self._drop_outlived()
-        if kind == "last" or kind not in self._held:
+        for other, (old, _) in list(self._held.items()):
+            # The same message read across more of its rows, naming a more specific fault.
+            if old.lineno == ev.lineno and self._priority[ev.fault] < self._priority[old.fault]:
+                del self._held[other]
+        held = self._held.get(kind)
+        if held is None or (kind == "last" and (ev.strength == "root" or held[0].strength == "weak")):
             self._held[kind] = (ev, self._bar)
         if ev.fault in self._seen:
             return None
@@ -344,7 +392,7 @@ class FaultScanner:
                 del self._held[kind]
 
 
-_PREFERENCE = ("anchored", "live", "last")
+_PREFERENCE = ("anchored", "framed", "live", "last")
 
 
 def _bar_step(bar: str | None) -> int:

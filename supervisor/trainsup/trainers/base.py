@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from ..faults.matchers import Progress
+from ..faults import remedies
 from ..faults.remedies import Action, Rung
 from ..faults.rules import FaultRule
 from ..record.journal import Journal
@@ -270,7 +271,7 @@ class TrainerRun(ABC):
 
     def upgrade_spec(self, action: Action, evidence: str | None) -> str:
         """The package spec an ``upgrade`` action installs, given the fault's evidence line."""
-        return action.name
+        return remedies.upgrade_spec(action, evidence)
 
     # --- doctor ------------------------------------------------------------------------------------
     # The packages whose versions doctor asks the trainer's interpreter for (besides torch), for this

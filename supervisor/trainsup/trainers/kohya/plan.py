@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ...faults import remedies
 from ...faults.remedies import Action
 from ...record.fsutil import atomic_write_text
 from ..base import Plan, apply_env, restart_with_same_settings
@@ -151,4 +152,4 @@ def upgrade_spec(action: Action, evidence: str | None) -> str:
     """The package spec an upgrade action installs, given the fault's evidence line."""
     if evidence and "unexpected keyword argument 'device'" in evidence:
         return "safetensors>=0.4.3"  # the resume-side failure (load_model) needs the later release
-    return action.name
+    return remedies.upgrade_spec(action, evidence)  # what an import-time requirement asks, if it did
