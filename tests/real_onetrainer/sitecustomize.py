@@ -1,4 +1,10 @@
-"""A fault shim for the real-OneTrainer tier, loaded only when this directory is on PYTHONPATH.
+"""A fault shim and a seed pin for the real-OneTrainer tier, loaded only when this directory is on
+PYTHONPATH.
+
+``TRAINSUP_OT_SEED=N`` seeds torch's default generator when the interpreter starts. OneTrainer seeds
+nothing globally, so two uninterrupted runs start from different LoRA weights and no run can be
+compared with "the same run, uninterrupted"; with the seed pinned in both, it can. The pin does not
+touch a resume: a resumed OneTrainer loads its weights, optimizer and progress from the backup.
 
 It injects the device-mismatch seed fault at the real place: OneTrainer's training step calls
 ``model_setup.predict``; once ``TRAINSUP_OT_FAULT_STEP`` optimizer steps are done, and only while
@@ -69,3 +75,8 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 if os.environ.get("TRAINSUP_OT_FAULT") == "device_mismatch":
     sys.meta_path.insert(0, _Finder())
+
+if os.environ.get("TRAINSUP_OT_SEED"):
+    import torch
+
+    torch.manual_seed(int(os.environ["TRAINSUP_OT_SEED"]))

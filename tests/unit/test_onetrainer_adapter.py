@@ -223,19 +223,31 @@ def test_a_resume_moves_partial_and_later_backups_aside_and_takes_the_backups_ra
     assert len(events) == 3
 
 
-def test_a_second_backup_of_the_resumed_step_wins_over_the_first(
+def test_a_second_backup_of_the_resumed_step_is_moved_out_of_sight_and_the_first_stays_the_resume_point(
         bound: tuple[OneTrainerRun, Path, Ledger, Journal, list[str]], tmp_path: Path) -> None:
-    run, run_dir, _ledger, _, _ = bound
+    run, run_dir, ledger, journal, _ = bound
     run.launch(run.plan.copy(), 1, None, run_dir)
     ws = tmp_path / "ws"
-    backup(ws, 9, 1, 1, "2026-01-01_00-00-01")
+    first = backup(ws, 9, 1, 1, "2026-01-01_00-00-01")
     run.states.collect()
     run.launch(run.plan.copy(), 2, run.states.newest(), run_dir)
-    again = backup(ws, 9, 1, 1, "2026-01-01_00-00-09")
+    again = backup(ws, 9, 1, 1, "2026-01-01_00-00-09")  # OneTrainer backs up the resumed step again
     os.utime(again / "meta.json", (time.time() + 5, time.time() + 5))
+    later = backup(ws, 14, 1, 6, "2026-01-01_00-00-10")
+    os.utime(later / "meta.json", (time.time() + 5, time.time() + 5))
     run.states.collect()
+    # backup/ lists what an uninterrupted run makes: one backup of step 9, then 14
+    assert sorted(p.name for p in (ws / "backup").iterdir()) == [first.name, later.name]
+    hidden = run_dir / "saves" / again.name
+    assert (hidden / "meta.json").is_file()  # moved whole, never deleted
+    assert str(hidden) in [s.dir for s in ledger.states]  # the ledger follows it
+    journal.close()
+    [event] = [e for e in read_events(run_dir) if e["event"] == "save_hidden"]
+    assert (event["dir"], event["to"], event["step"]) == (str(again), str(hidden), 9)
+    # A later resume never picks the hidden copy: OneTrainer resumes from backup/ only.
+    ledger.states = [s for s in ledger.states if s.step == 9]
     newest = run.states.newest()
-    assert newest is not None and newest.dir == str(again)
+    assert newest is not None and newest.dir == str(first)
 
 
 def test_success_needs_saving_of_the_model_and_its_file_written_this_attempt(
@@ -266,6 +278,25 @@ def test_the_true_step_from_the_epoch_and_step_bars_and_the_resumed_epoch() -> N
     assert out.progress("validation_step: 100%|##| 1/1 [00:00<00:00]") is None
     slow = out.progress("step:  12%|#   | 1/8 [00:01<00:07,  2.00s/it, loss=nan, smooth loss=nan]")
     assert slow is not None and slow.rate == pytest.approx(0.5)
+
+
+def test_the_last_step_bar_and_the_epoch_bar_after_it_in_one_read_give_the_last_step_not_an_epoch_more() -> None:
+    """Seen on the real bed: a resumed attempt's closing `step 8/8` redraw and the `epoch 1/1` tick
+    reached trainsup in one read; the step is 16 of 16, not 24."""
+    import queue
+
+    from trainsup.faults.scanner import FaultScanner
+    from trainsup.run.observe import OutputParser
+
+    events: queue.Queue[tuple[str, object]] = queue.Queue()
+    fmt = OTOutput()
+    fmt.begin(1, "/m.safetensors")  # resumed in epoch 1 of 2
+    parser = OutputParser(events, FaultScanner(), clock=lambda: 1.0, fmt=fmt)
+    parser.feed("stderr", b"epoch:   0%|          | 0/1 [00:00<?, ?it/s]\n")
+    parser.feed("stderr", (BAR.format(n=7) + "\r" + BAR.format(n=8).replace("\x1b[A", "") + "\n\n"
+                           "epoch: 100%|##########| 1/1 [00:06<00:00,  6.34s/it]\n").encode())
+    steps = [v.step for k, v in (events.get() for _ in range(events.qsize())) if k == "progress"]
+    assert steps and steps[-1] == 16 and max(steps) == 16, steps
 
 
 def test_a_bar_with_a_glued_traceback_is_not_a_plain_redraw() -> None:

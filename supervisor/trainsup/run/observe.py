@@ -95,21 +95,29 @@ class OutputParser:
                     self.scanner.note_bar(line)
                     continue
             if gate is not None and gate.search(line):
+                # A bar read after a bookkeeping line would be read against what that line changed
+                # (OneTrainer's epoch bar moves the epoch its step bar counts in): bars first.
+                self._progress(bars)
+                bars = []
                 self._bookkeeping(clean_line(line))
             evidence = self.scanner.feed(line, self.obs.lines)
             if evidence is not None:
                 self.events.put(("evidence", evidence))
-        for bar in reversed(bars):  # the newest line that parses
-            progress = fmt.progress(bar)
+        self._progress(bars)
+        if active:
+            self.activity_at = self.clock()
+
+    def _progress(self, bars: list[str]) -> None:
+        """Progress from the newest of ``bars`` that parses (redraws in between carry nothing new)."""
+        for bar in reversed(bars):
+            progress = self.fmt.progress(bar)
             if progress is None:
                 continue
             self.obs.progress = progress
             self.events.put(("progress", progress))
             if self._phase is not None and progress.step > self._phase_step:
                 self._phase = None  # back to training
-            break
-        if active:
-            self.activity_at = self.clock()
+            return
 
     def _bookkeeping(self, line: str) -> None:
         obs = self.obs

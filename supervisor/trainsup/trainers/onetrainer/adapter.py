@@ -99,7 +99,7 @@ class OneTrainerRun(TrainerRun):
     def bind(self, run_dir: Path, ledger: Ledger, journal: Journal, say: Say) -> None:
         self._say = say
         self.ot_states = OTStates(ledger, journal, say, self.workspace, self.model_out, lambda: self._latest_epochs(),
-                                  self.lora, lambda: self.ot_output.saved_seen, self._not_tainted)
+                                  self.lora, lambda: self.ot_output.saved_seen, self._not_tainted, run_dir)
         self.states = self.ot_states
         self.ot_inputs = OTInputs(self.plan, run_dir, journal, say)
         self.inputs = self.ot_inputs

@@ -8,7 +8,9 @@ every incomplete backup is moved into ``RUN_DIR/set-aside/attempt-N/`` (journale
 nothing is deleted): B is then the one OneTrainer takes. The end backup (``epoch == epochs``) is
 never resumed from: OneTrainer trains nothing from it and saves no model (the README's failed
 final save), so the one before it is resumed instead. A resume writes a second backup of the
-resumed step under a new timestamp: both are claimed, the newer name wins.
+resumed step under a new timestamp at once; an uninterrupted run has one backup of that step, so the
+copy is moved into ``RUN_DIR/saves/`` (journaled ``save_hidden``) and ``backup/`` keeps the names an
+uninterrupted run makes (the step in each name, the timestamps aside).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from ...record.fsutil import move_into
 from ...record.journal import Journal
 from ...record.ledger import Ledger, StateRecord
 from ..stepstates import StepStates, newest_mtime
@@ -27,9 +30,10 @@ from .backups import backup_problem, parse_name
 class OTStates(StepStates):
     def __init__(self, ledger: Ledger, journal: Journal, say: Callable[[str], None], workspace: Path,
                  output: Path | None, epochs: Callable[[], int | None], lora: bool,
-                 saved_seen: Callable[[], bool], allowed: Callable[[StateRecord], bool]) -> None:
+                 saved_seen: Callable[[], bool], allowed: Callable[[StateRecord], bool], run_dir: Path) -> None:
         super().__init__(ledger, journal, say, self._find, self._check, final=self._final, publish=self._publish)
         self.workspace, self.output, self.epochs, self.lora = workspace, output, epochs, lora
+        self.saves = run_dir / "saves"
         self.saved_seen, self.allowed = saved_seen, allowed  # allowed: the adapter's say (a NaN remedy)
         self._cache: dict[Path, tuple[tuple[tuple[int, int], ...], str]] = {}
 
@@ -48,6 +52,28 @@ class OTStates(StepStates):
             if parsed is not None and (self.backup_dir / name).is_dir():
                 found.append((self.backup_dir / name, parsed.step))
         return found
+
+    def collect(self, only: Path | None = None) -> list[StateRecord]:
+        recorded = super().collect(only)
+        for state in recorded:
+            if self._repeats_resume_origin(state):
+                self._hide(state)
+        return recorded
+
+    def _repeats_resume_origin(self, state: StateRecord) -> bool:
+        """A resumed attempt's backup of the step it resumed from, beside the one it resumed from."""
+        if not self.resume_step or state.attempt != self.attempt or state.step != self.resume_step:
+            return False
+        return any(s.step == state.step and s.dir != state.dir and Path(s.dir).parent == self.backup_dir
+                   for s in self.ledger.states)
+
+    def _hide(self, state: StateRecord) -> None:
+        path = Path(state.dir)
+        target = move_into(path, self.saves)
+        self.ledger.moved(path, target)
+        self.journal.event("save_hidden", dir=str(path), to=str(target), step=state.step,
+                           why="OneTrainer backs up the step it resumed from again, under a new time")
+        self.say(f"save_hidden {path} -> {target} (a second backup of step {state.step})")
 
     def _check(self, path: Path) -> str:
         key = _stamp(path)
@@ -71,7 +97,8 @@ class OTStates(StepStates):
     def resumable(self, state: StateRecord, max_steps: int | None) -> bool:
         parsed = parse_name(Path(state.dir).name)
         epochs = self.epochs()
-        return parsed is not None and (epochs is None or parsed.epoch < epochs) and self.allowed(state)
+        return (parsed is not None and (epochs is None or parsed.epoch < epochs) and self.allowed(state)
+                and Path(state.dir).parent == self.backup_dir)  # OneTrainer resumes from backup/ only
 
     def clear_for_resume(self, resume: Path, run_dir: Path, attempt: int) -> list[str]:
         """Move every directory in ``backup/`` that OneTrainer would take instead of ``resume`` (it
