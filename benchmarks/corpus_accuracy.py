@@ -5,8 +5,8 @@ Reads every manifest under ``tests/corpus/manifest/*.yaml`` (entries with ``file
 name, ``<class>__<slug>.log``), runs ``trainsup diagnose --json`` once over all the
 excerpts, and prints right/total per class and per form, then each miss.  A *false fix* is an
 excerpt whose true class has no setting remedy (``config_error``, ``missing_dependency``,
-``disk_full``, clean) that diagnose answers with anything but a stop: a flag, config, environment
-or package change.
+``disk_full``, clean) that diagnose answers with a flag, config, environment or package change (a
+stop, or a restart with the same settings, is none).
 
     python benchmarks/corpus_accuracy.py [--corpus tests/corpus] [--misses]
 """
@@ -65,9 +65,10 @@ def load(corpus: Path) -> list[dict[str, Any]]:
 
 
 def false_fix(obj: dict[str, Any]) -> bool:
-    """Whether diagnose proposes any change besides stopping."""
+    """Whether diagnose proposes a change of settings: a flag, the config, the environment or a package
+    (stopping, or restarting with the same settings, changes none)."""
     remedy = obj.get("remedy") or []
-    return bool(obj.get("command_changed")) or any(not str(r).startswith("stop") for r in remedy)
+    return bool(obj.get("command_changed")) or any(not str(r).startswith(("stop", "restart")) for r in remedy)
 
 
 def main() -> int:

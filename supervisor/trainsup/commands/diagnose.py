@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from ..faults.dumps import DUMP_RULES
 from ..faults.linetext import strip_ansi
 from ..faults.logscan import LogScan, scan_file, scan_log
 from ..faults.remedies import NOT_RESTARTABLE, Action, Rung, required_spec, stop, upgrade_spec
@@ -267,8 +268,9 @@ def run_diagnose(paths: Sequence[str], *, as_json: bool, command: str | None, po
     except PolicyError as exc:
         print(f"trainsup diagnose: error: {exc}", file=err)
         return EXIT_UNREADABLE
-    # User rules first, as trainsup run composes them; then every adapter's own, then the built-ins.
-    rules = compose_rules(loaded.rules, family_rules() + BUILTIN_RULES)
+    # User rules first, as trainsup run composes them; then every adapter's own, the stack dumps of a
+    # hung run (a pasted log's evidence of a hang), then the built-ins.
+    rules = compose_rules(loaded.rules, family_rules() + DUMP_RULES + BUILTIN_RULES)
     argv = None
     if command is not None:
         try:

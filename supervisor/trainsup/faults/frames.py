@@ -5,12 +5,13 @@ People paste tracebacks cut before their exception line, or with a message that 
 failed: a ``None`` in the trainer's sampling or text-encoding code is a text-encoder cache miss;
 a failure in ``save_state``/``save_file`` with a float8 dtype in sight is the old serializer.
 
-A ``FrameRule`` pairs the frames (regexes over ``"<file basename> <function>"``, as the scanner
-records them) with a *hint*: wording that must be in sight, a few lines before or after the frames.
-``judge`` looks at the frames innermost first: an excluded frame refutes (a ``None`` in a dataset
-or a model loader is a different bug), a required one confirms.  The scanner holds what a frame
-rule finds below a traceback's own exception line (see ``scanner``): a real exception line, when
-there is one, names the fault better than the frames around it.
+A rule says so with ``FaultRule.cut_frames`` (regexes over ``"<file basename> <function>"``, as
+the scanner records frames) and ``cut_hints``: wording that must be in sight, a few lines before
+or after the frames (a message, or the code a frame quotes); a rule without hints is judged by its
+frames alone.  ``judge`` looks at the frames innermost first: a frame in ``frames_exclude``
+refutes (a ``None`` in a dataset or a model loader is a different bug), a required one confirms.
+The scanner ranks what these find below a traceback's own exception line (see ``scanner``): a
+real exception line, when there is one, names the fault better than the frames around it.
 
 Launcher frames are recognised here too: an exception raised in accelerate's or torchrun's
 launcher (``simple_launcher``, ``launch_agent``) is their report of the trainer's failure, never
@@ -22,15 +23,17 @@ from __future__ import annotations
 import re
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-__all__ = ["FRAME_RULES", "SAMPLING_FRAMES", "CompiledFrameRule", "FrameJudge", "FrameRule", "is_launcher", "judge"]
+if TYPE_CHECKING:
+    from .rules import FaultRule
+
+__all__ = ["LOADER_FRAMES", "SAMPLING_FRAMES", "CutRule", "FrameJudge", "cut_rules", "is_launcher", "judge"]
 
 # The trainer's sampling and text-encoding functions (sd-scripts, its Flux/SD3 strategies, fluxgym's and
 # ComfyUI's copies): a None there is a prompt without a cached text-encoder output.
 SAMPLING_FRAMES: tuple[str, ...] = (
-    r"sample", r"prompt", r"get_text_cond", r"text_encod",
-    r"te_outputs", r"get_hidden_states",
+    r"sample", r"prompt", r"get_text_cond", r"text_encod", r"te_outputs", r"get_hidden_states",
 )
 # Code that loads data or models: a None there is a missing image, caption or weight.
 LOADER_FRAMES: tuple[str, ...] = (r"__getitem__", r"(?<![a-z])load_", r"[Dd]ataset", r"[Dd]ata[Ll]oader")
@@ -41,45 +44,22 @@ _LAUNCHER = re.compile(
 # How far (lines) a hint may be from the frames it confirms: a GUI may print the message before
 # the traceback, interleaved ranks push it further away.
 HINT_BEFORE, HINT_AFTER = 60, 40
-Found = tuple[str, str, int]  # (fault id, the hint's line as written, its line number)
+Found = tuple[str, str, int]  # (fault id, the line as written, its line number)
 
 
-@dataclass(frozen=True)
-class FrameRule:
-    """A fault told by the frames of a traceback and a hint in sight."""
+class CutRule:
+    """The cut-traceback side of a ``FaultRule``, compiled: its frames, excluded frames and hint."""
 
-    id: str
-    frames: tuple[str, ...]
-    hint: str  # one regex; every hint carries a literal the scanner's prefilter keys on
-    frames_exclude: tuple[str, ...] = ()
-
-
-FRAME_RULES: tuple[FrameRule, ...] = (
-    FrameRule(
-        id="te_cache_none",
-        frames=SAMPLING_FRAMES,
-        # a None in sight: a message, a printed tuple of text-encoder outputs with holes, or the code of a
-        # frame reading the cache (a traceback cut before its exception line shows only that)
-        hint=r"NoneType|\bNone, None\b|sample_prompts_te_outputs|\binput_ids2\b",
-        frames_exclude=LOADER_FRAMES,
-    ),
-    FrameRule(
-        id="fp8_serializer",
-        frames=(r" save_state$", r" save_file$", r" save_weights$", r" save_model(?:_hook)?$", r" _flatten$",
-                r" _tobytes$", r"^safetensors"),
-        hint=r"float8_e[45]m|F8_E[45]M",
-    ),
-)
-
-
-class CompiledFrameRule:
-    """A ``FrameRule`` with its regexes compiled."""
-
-    def __init__(self, rule: FrameRule) -> None:
-        self.rule = rule
-        self.require = tuple(re.compile(p) for p in rule.frames)
+    def __init__(self, rule: FaultRule) -> None:
+        self.id = rule.id
+        self.require = tuple(re.compile(p) for p in rule.cut_frames)
         self.exclude = tuple(re.compile(p) for p in rule.frames_exclude)
-        self.hint = re.compile(rule.hint)
+        self.hint = re.compile("|".join(f"(?:{h})" for h in rule.cut_hints)) if rule.cut_hints else None
+
+
+def cut_rules(rules: Sequence[FaultRule]) -> tuple[CutRule, ...]:
+    """The rules that can judge a traceback by its frames, in table order."""
+    return tuple(CutRule(r) for r in rules if r.cut_frames)
 
 
 def judge(frames: Sequence[str], require: Sequence[re.Pattern[str]],
@@ -101,8 +81,9 @@ def is_launcher(frames: Sequence[str]) -> bool:
 class FrameJudge:
     """The hints seen lately, and the judgement of frames by them (the scanner feeds both)."""
 
-    def __init__(self, rules: Sequence[CompiledFrameRule]) -> None:
+    def __init__(self, rules: Sequence[CutRule]) -> None:
         self._rules = rules
+        self._bare = tuple(r for r in rules if r.hint is None)  # judged by their frames alone
         self._hints: deque[tuple[int, int, str, str]] = deque(maxlen=16)  # (lineno, rule, rank, raw)
 
     def hint(self, j: int, lineno: int, rank: str, raw: str,
@@ -114,16 +95,19 @@ class FrameJudge:
             return None
         _, (_, frames) = min(near, key=lambda rf: (rf[0] != rank, -rf[1][0]))
         rule = self._rules[j]
-        return (rule.rule.id, raw, lineno) if judge(frames, rule.require, rule.exclude) else None
+        return (rule.id, raw, lineno) if judge(frames, rule.require, rule.exclude) else None
 
-    def frame(self, frames: list[str], rank: str, lineno: int) -> Found | None:
+    def frame(self, frames: list[str], rank: str, lineno: int, raw: str) -> Found | None:
         """A traceback grew a frame: judge it by the hints seen shortly before (its rank's first)."""
+        for rule in self._bare:
+            if judge(frames, rule.require, rule.exclude):
+                return rule.id, raw, lineno
         if not self._hints:
             return None
-        for hint_line, j, _, raw in sorted(self._hints, key=lambda h: (h[2] != rank, -h[0])):
+        for hint_line, j, _, hint_raw in sorted(self._hints, key=lambda h: (h[2] != rank, -h[0])):
             if lineno - hint_line > HINT_BEFORE + 3 * len(frames):
                 continue
             rule = self._rules[j]
             if judge(frames, rule.require, rule.exclude):
-                return rule.rule.id, raw, hint_line
+                return rule.id, hint_raw, hint_line
         return None

@@ -37,7 +37,7 @@ import os
 import re
 import shlex
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import BinaryIO
 
@@ -204,6 +204,7 @@ class _Selector:
         self.last_traceback = self.last_progress = self.last_success = 0
         self.finder = CommandFinder()
         self._bar: tuple[int, bytes] | None = None  # the newest plain bar not yet handed on
+        self._first_bar: tuple[int, bytes] | None = None  # the first of the run of plain bars it ends
 
     def select(self, batch: list[bytes]) -> list[tuple[int, str]]:
         out = []
@@ -215,15 +216,19 @@ class _Selector:
                 raw = _final_redraw(raw)
             if not raw:
                 continue
-            if b"steps:" in raw:
-                self.last_progress = lineno
-                if raw.endswith(b"]") and b"nan" not in raw:
+            if b"%|" in raw:  # any progress bar past its start: the process went on
+                if b"| 0/" not in raw:  # (tqdm draws a 0/N bar as it closes after a traceback)
+                    self.last_progress = lineno
+                if b"steps:" in raw and raw.endswith(b"]") and b"nan" not in raw:
                     # A plain bar redraw carries no fault evidence (as in the live supervisor); the
-                    # newest one before the next line read goes along, as a BAR line.
+                    # first and the newest of a run of them go along, as BAR lines, before the next
+                    # line read (the first tells where training stood after evidence before it).
+                    if self._bar is None:
+                        self._first_bar = (lineno, raw)
                     self._bar = (lineno, raw)
                     continue
             if self._bar is not None:
-                out.append(self._bar_line())
+                out.extend(self._bar_lines())
             if len(raw) > self.max_line:
                 raw = raw[:self.max_line]
             text = raw.decode("utf-8", "replace")  # as LineSplitter decodes: garbage never stops us
@@ -239,13 +244,13 @@ class _Selector:
 
     def finish(self) -> list[tuple[int, str]]:
         """What is still held at the end of the file: the last plain bar."""
-        return [] if self._bar is None else [self._bar_line()]
+        return [] if self._bar is None else self._bar_lines()
 
-    def _bar_line(self) -> tuple[int, str]:
+    def _bar_lines(self) -> list[tuple[int, str]]:
         assert self._bar is not None
-        lineno, raw = self._bar
-        self._bar = None
-        return -lineno, raw[:self.max_line].decode("utf-8", "replace")
+        bars = [self._bar] if self._first_bar is None or self._first_bar is self._bar else [self._first_bar, self._bar]
+        self._bar = self._first_bar = None
+        return [(-lineno, raw[:self.max_line].decode("utf-8", "replace")) for lineno, raw in bars]
 
 
 @dataclass
@@ -281,6 +286,8 @@ class _Verdict:
 
     def result(self, signs: _Signs) -> LogScan:
         status = self.scanner.child_status
+        # A traceback cut above its header still shows its frames.
+        signs = replace(signs, last_traceback=max(signs.last_traceback, self.scanner.last_frame_line))
         launcher_failed = status is not None and (status[1] is not None or status[0] not in (None, 0))
         verdict = self.scanner.verdict
         failed = (launcher_failed or signs.last_traceback > max(signs.last_progress, signs.last_success)

@@ -76,7 +76,11 @@ class FaultRule:
     and ``frames_exclude`` are regexes over the frames (``"<file basename> <func>"``)
     of the traceback the matching line ends: when frames are visible, the innermost
     frame matching either list decides; when none matches, a rule that requires
-    frames is refuted and one that only excludes frames stands.
+    frames is refuted and one that only excludes frames stands.  With no frames in
+    sight the message alone decides, unless ``frames_needed``.  ``cut_frames`` and
+    ``cut_hints`` judge a traceback without a telling exception line (see ``frames``):
+    the innermost of its frames matching ``cut_frames`` or ``frames_exclude`` decides,
+    with one of the hints in sight (a rule without hints: the frames alone).
     """
 
     id: str
@@ -88,6 +92,9 @@ class FaultRule:
     live: bool = False
     frames_require: tuple[str, ...] = ()
     frames_exclude: tuple[str, ...] = ()
+    frames_needed: bool = False  # without frames in sight the message alone does not decide
+    cut_frames: tuple[str, ...] = ()  # a traceback cut before its exception line: see ``frames``
+    cut_hints: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # A bad table is a programming error; fail at construction, naming the rule.
@@ -97,7 +104,7 @@ class FaultRule:
             raise ValueError(f"fault rule {self.id}: strength: expected 'root' or 'weak', got {self.strength!r}")
         if not self.patterns:
             raise ValueError(f"fault rule {self.id}: patterns: expected at least one regex")
-        for field in ("patterns", "excludes", "frames_require", "frames_exclude"):
+        for field in ("patterns", "excludes", "frames_require", "frames_exclude", "cut_frames", "cut_hints"):
             for i, pattern in enumerate(getattr(self, field)):
                 try:
                     re.compile(pattern)
@@ -140,6 +147,10 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
             # transformers' import-time dependency check: the same old serializer, caught before any save
             r"safetensors>=[\d.]+ is required for a normal functioning",
         ),
+        # A traceback through the state or weight save, with a float8 dtype in sight.
+        cut_frames=(r" save_state$", r" save_file$", r" save_weights$", r" save_model(?:_hook)?$", r" _flatten$",
+                    r" _tobytes$", r"^safetensors"),
+        cut_hints=(r"float8_e[45]m", r"F8_E[45]M"),
         explanation="The trainer's safetensors is too old for float8 weights (0.4.2 saves them, 0.4.3 loads "
         "them with a device; transformers refuses to import with a release below the one it requires); "
         "upgrade it in the trainer's own environment.",
@@ -265,6 +276,10 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
         # frames of neither kind refute; with no frames in sight the message decides.
         frames_require=SAMPLING_FRAMES,
         frames_exclude=LOADER_FRAMES,
+        # A None in sight of sampling frames: a message, a printed tuple of text-encoder outputs with
+        # holes, or the code of a frame reading the cache (all a cut traceback may show).
+        cut_frames=SAMPLING_FRAMES,
+        cut_hints=(r"NoneType", r"\bNone, None\b", r"sample_prompts_te_outputs", r"\binput_ids2\b"),
         explanation="A sample prompt has no entry in the text-encoder output cache (it was edited or added "
         "after the cache was built).",
     ),
@@ -298,6 +313,7 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
         patterns=(
             r"No space left on device", r"Errno 28\b", r"\bStorageFull\b", r"\bENOSPC\b", r"Disk quota exceeded",
             r"PytorchStreamWriter failed writing file", r"unexpected pos \d+ vs \d+",
+            r"\b\d+ requested and \d+ written",  # numpy's short write (np.savez of a latent cache)
         ),
         # A full /dev/shm is shm_exhausted; a refused write is a permission problem.
         excludes=(r"/dev/shm", r"</torch_", r"PermissionError", r"Permission ?[Dd]enied", r"Errno 13\b"),

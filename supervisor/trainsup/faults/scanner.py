@@ -36,7 +36,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from .exits import SIGNAL_LINE, STATUS_LINE, TORCHRUN_LINE, ExitInfo, classify_exit, parse_child_status
-from .frames import FRAME_RULES, CompiledFrameRule, FrameJudge, FrameRule, is_launcher
+from .frames import FrameJudge, cut_rules, is_launcher
 from .keys import KeyIndex
 from .keys import is_folded as _folded
 from .linetext import bar_tail, clean_line, rank_tag, starts_record, strip_ansi
@@ -90,10 +90,9 @@ class Evidence:
 class FaultScanner:
     """Classifies one attempt's output line by line; use one scanner per attempt."""
 
-    def __init__(self, rules: Sequence[FaultRule] = BUILTIN_RULES,
-                 frame_rules: Sequence[FrameRule] = FRAME_RULES) -> None:
+    def __init__(self, rules: Sequence[FaultRule] = BUILTIN_RULES) -> None:
         self._rules = tuple(rules)
-        self._frame_rules = tuple(CompiledFrameRule(r) for r in frame_rules)
+        self._frame_rules = cut_rules(self._rules)
         self._excludes = [tuple(re.compile(p) for p in r.excludes) for r in self._rules]
         self._frames_require = [tuple(re.compile(p) for p in r.frames_require) for r in self._rules]
         self._frames_exclude = [tuple(re.compile(p) for p in r.frames_exclude) for r in self._rules]
@@ -109,8 +108,9 @@ class FaultScanner:
             self._owner.append(owner)
             patterns.append(structural)
         for j, frame_rule in enumerate(self._frame_rules):
-            self._owner.append(_HINT - j)
-            patterns.append(frame_rule.hint)
+            if frame_rule.hint is not None:
+                self._owner.append(_HINT - j)
+                patterns.append(frame_rule.hint)
         self._patterns = patterns
         self._index = KeyIndex(patterns)
         # The last rows a wrapped message may span, (text, raw, lineno), and the last
@@ -124,8 +124,6 @@ class FaultScanner:
         self._priority: dict[str, int] = {}  # a fault's first place in the table
         for n, rule in enumerate(self._rules):
             self._priority.setdefault(rule.id, n)
-        for rule in frame_rules:
-            self._priority.setdefault(rule.id, len(self._rules))
         # The candidates for the verdict, one per kind (see the module doc), each with
         # the training bar that was newest when it was seen.
         self._held: dict[str, tuple[Evidence, str | None]] = {}
@@ -147,6 +145,13 @@ class FaultScanner:
         """Tell the scanner of a training bar it was not fed (a plain redraw): evidence seen
         before the bar moves on did not end the run."""
         self._bar = line
+        if self._held:
+            self._drop_outlived()
+
+    @property
+    def last_frame_line(self) -> int:
+        """The line number of the newest traceback frame seen (0: none)."""
+        return max((f[0] for f in self._frames.values()), default=0)
 
     @property
     def evidence(self) -> tuple[Evidence, ...]:
@@ -242,8 +247,8 @@ class FaultScanner:
                 frames = self._frames.get(rank, (lineno, []))[1]
                 frames.append(m.group(1).replace("\\", "/").rsplit("/", 1)[-1] + " " + m.group(2).strip())
                 self._frames[rank] = (lineno, frames)
-                found = self._judge.frame(frames, rank, lineno)
-                return (None if found is None else Evidence(found[0], found[1], found[2], "root", framed=True)), True
+                framed = self._judge.frame(frames, rank, lineno, raw)
+                return (None if framed is None else Evidence(*framed, "root", framed=True)), True
             elif owner == _ST and (status := parse_child_status(text)) is not None:
                 self._child = status
         # A frame rule's hint counts in the code a frame quotes too (``te_outputs[prompt]``).
@@ -263,9 +268,9 @@ class FaultScanner:
         for k in candidates:
             j = _HINT - self._owner[k]
             if j >= 0 and self._patterns[k].search(text) is not None:
-                found = self._judge.hint(j, lineno, rank, raw, self._frames)
-                if found is not None:
-                    return Evidence(found[0], found[1], found[2], "root", framed=True)
+                framed = self._judge.hint(j, lineno, rank, raw, self._frames)
+                if framed is not None:
+                    return Evidence(*framed, "root", framed=True)
         return None
 
     def _in_traceback(self, raw: str, lineno: int) -> bool:
@@ -292,10 +297,11 @@ class FaultScanner:
             return False
         plain = strip_ansi(raw)
         at = plain.find(text)
-        # Indented by exactly four spaces after any decoration; a log record's level column
-        # ("ERROR    ") and rich's continuation rows (29 blanks) are not.
+        # Indented by four spaces after any decoration (and the blank a tag may add); a log
+        # record's level column ("ERROR    ") and rich's continuation rows (29 blanks) are not.
         head = plain[:at]
-        return head.endswith("    ") and not head.endswith("     ") and not head.rstrip()[-1:].isalpha()
+        decoration = head.rstrip()
+        return 4 <= len(head) - len(decoration) <= 8 and not decoration[-1:].isalpha()
 
     def _scan_joined(self, text: str, raw: str, lineno: int) -> Evidence | None:
         """Try the remembered rows joined to ``text``, without and with a space.
@@ -350,7 +356,7 @@ class FaultScanner:
             return True
         frames = self._frames_in_sight(raw, lineno)
         if frames is None:
-            return True  # no traceback in sight: the message alone decides
+            return not self._rules[i].frames_needed  # no traceback in sight: the message alone decides
         for frame in reversed(frames):  # innermost first
             if any(x.search(frame) for x in exclude):
                 return False
@@ -387,8 +393,12 @@ class FaultScanner:
         if bar is None or not self._held:
             return
         now = _bar_step(bar)
-        for kind, (_, then) in list(self._held.items()):
-            if kind != "live" and then is not bar and now > _bar_step(then):
+        for kind, (ev, then) in list(self._held.items()):
+            if then is None and kind == "anchored":
+                # The first bar after a traceback may be tqdm's redraw as it closes (a paste often
+                # starts there): it is where the run stood; only a bar past it is progress.
+                self._held[kind] = (ev, bar)
+            elif kind != "live" and then is not bar and now > _bar_step(then):
                 del self._held[kind]
 
 

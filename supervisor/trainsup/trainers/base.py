@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from ..faults.matchers import Progress
 from ..faults import remedies
+from ..faults.matchers import Progress
 from ..faults.remedies import Action, Rung
 from ..faults.rules import FaultRule
 from ..record.journal import Journal

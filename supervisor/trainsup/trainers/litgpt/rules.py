@@ -14,6 +14,8 @@ from __future__ import annotations
 from ...faults.rules import FaultRule
 
 LR_SCHEDULE = "lr_schedule"
+# torch's lr_scheduler.py frames, or the warmup lambda of litgpt's get_lr_scheduler (`lora.py <lambda>`)
+_LR_FRAMES = (r"^lr_scheduler\.py ", r"^(?:lora|full|adapter|adapter_v2|pretrain|lora_legacy)\.py <lambda>$")
 SEQUENCE_TOO_LONG = "sequence_too_long"
 
 LITGPT_RULES: tuple[FaultRule, ...] = (
@@ -25,7 +27,13 @@ LITGPT_RULES: tuple[FaultRule, ...] = (
         # Only a division inside the LR scheduler: torch's lr_scheduler.py frames, or the warmup
         # lambda of litgpt's get_lr_scheduler (`lora.py <lambda>`). A ZeroDivisionError raised
         # anywhere else is not this fault.
-        frames_require=(r"^lr_scheduler\.py ", r"^(?:lora|full|adapter|adapter_v2|pretrain|lora_legacy)\.py <lambda>$"),
+        frames_require=_LR_FRAMES,
+        # An optimizer's own step (schedule-free AdamW divides by its weight sum) runs inside torch's
+        # lr_scheduler wrapper of optimizer.step: innermost first, it refutes before the wrapper confirms.
+        frames_exclude=(r"^(?!lr_scheduler\.py )\S+ step$",),
+        # A traceback cut before its exception line, in the warmup lambda (its code divides by warmup_steps).
+        cut_frames=_LR_FRAMES,
+        cut_hints=(r"ZeroDivisionError", r"/ warmup_steps\b"),
         explanation="LitGPT's learning-rate schedule divided by zero: --train.lr_warmup_steps is 0, or not "
         "below the run's optimizer steps (--train.max_steps, or epochs x steps per epoch). LitGPT keeps "
         "the schedule in its saved states, so only a fresh start can take a corrected warmup.",
@@ -33,6 +41,9 @@ LITGPT_RULES: tuple[FaultRule, ...] = (
     FaultRule(
         id=SEQUENCE_TOO_LONG,
         patterns=(r"Cannot attend to \d+, block size is only \d+",),
+        # cut before the exception line: the raise in the model's max_seq_length setter shows the wording
+        cut_frames=(r"^model\.py max_seq_length$",),
+        cut_hints=(r"Cannot attend to",),
         explanation="A training sample is longer than the model's context (block size); "
         "--train.max_seq_length truncates the samples to it.",
     ),
@@ -46,6 +57,8 @@ LITGPT_RULES: tuple[FaultRule, ...] = (
             r"error: Unrecognized arguments:", r"error: Parser key \"", r"error: Validation failed:",
             r"error: Configuration check failed", r"Quantization and mixed precision is not supported",
         ),
+        # A traceback cut in the checkpoint-dir check (it prints its message and raises SystemExit).
+        cut_frames=(r" check_valid_checkpoint_dir$",),
         restartable=False,
         explanation="The LitGPT command is wrong: an invalid --precision, a checkpoint dir that is not one "
         "(LitGPT takes a relative name for a Hugging Face repo id), or an argument jsonargparse rejects.",
