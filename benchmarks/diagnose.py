@@ -3,7 +3,7 @@
 Writes a realistic kohya-like log of about 1 GB into a temporary directory, then times, in one run,
 (a) a plain Python loop over the file's lines, ``for line in open(f, 'rb'): pass``, and
 (b) ``trainsup diagnose`` on the same file, each as its own ``python`` process (so both pay an
-interpreter start), the page cache warmed first, and prints the ratio b/a (the issue's bound is 4).
+interpreter start), the page cache warmed first, and prints the ratio b/a (the issue's bound is 2; it was 4).
 
     python benchmarks/diagnose.py [--mb 1024] [--reps 3] [--keep FILE]
 

@@ -113,6 +113,15 @@ def test_a_wrapped_message_whose_later_rows_name_a_more_specific_fault() -> None
     assert fault(terminal) == "fp8_serializer"
 
 
+def test_a_terminals_hard_wrap_may_cut_the_very_word_a_rule_keys_on() -> None:
+    # Neither row holds a key alone; the first is as wide as a terminal and ends mid-word.
+    rest = "not copy out of meta tensor; no data!"
+    first = "w " * 38 + "Can"
+    assert len(first) == 79 and fault([first, rest]) is None  # not as wide as a terminal: not cut
+    wide = "w " * 38 + " Can"
+    assert len(wide) == 80 and fault([wide, rest]) == "meta_tensor"
+
+
 def test_richs_continuation_rows_after_a_traceback_are_not_quoted_code() -> None:
     lines = [*tb(("/sd/train_network.py", "train")),
              "2024-05-01 10:00:00 ERROR    torch.OutOfMemoryError: CUDA out of     train_util.py:12",

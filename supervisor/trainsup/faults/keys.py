@@ -206,8 +206,6 @@ class _KeySet:
         return bool(self.tokens) and not self.tokens.isdisjoint(text.split())
 
     def boundary_hit(self, a: str, b: str) -> bool:
-        if not is_folded(a):
-            return False
         if self.rx is not None and self.rx.search(a[-self.width:] + b[: self.width]) is not None:
             return True
         space = b.find(" ")
@@ -257,7 +255,8 @@ class KeyIndex:
         return bool(self._always) or (self._ci is not None and self._ci.hit(text.lower()))
 
     def boundary_hit(self, a: str, b: str) -> bool:
-        """Whether a key could straddle the join of ``a`` and ``b``, with or without a space."""
+        """Whether a key could straddle the join of ``a`` and ``b``, with or without a space (the caller
+        asks only where a word may be cut at the join: a folded row, a terminal's hard wrap)."""
         if self._cs.boundary_hit(a, b):
             return True
         return self._ci is not None and self._ci.boundary_hit(a.lower(), b.lower())

@@ -33,16 +33,15 @@ import itertools
 import re
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
 
 from .exits import SIGNAL_LINE, STATUS_LINE, TORCHRUN_LINE, ExitInfo, classify_exit, parse_child_status
 from .frames import FrameJudge, cut_rules, is_launcher
 from .keys import KeyIndex
 from .keys import is_folded as _folded
 from .linetext import bar_tail, clean_line, rank_tag, starts_record, strip_ansi
-from .matchers import parse_progress
 from .rules import BUILTIN_RULES, IGNORED_LINE_PATTERNS, FaultRule
 from .userrules import compose_rules, load_user_rules
+from .verdict import Evidence, Held
 
 __all__ = [
     "Evidence",
@@ -71,20 +70,6 @@ _MAX_ROW = 512  # longer lines are not rows rich wrapped at 80 columns: never re
 # pathological one.  The newline between them stops any pattern spanning the cut.
 _HEAD, _TAIL = 4096, 1024
 _KNOWN_LINES = 4096  # distinct short lines whose cleaning is remembered
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """A line that is evidence for a fault: ``line`` as the child wrote it (the rows
-    joined by ``\\n`` when a wrapped message matched across them), ``lineno`` its first."""
-
-    fault: str
-    line: str
-    lineno: int
-    strength: str
-    anchored: bool = False  # the exception line of a traceback (frames in sight)
-    live: bool = False  # the rule asks for action while the child runs (NaN loss)
-    framed: bool = False  # found by a frame rule: the traceback's frames and a hint in sight
 
 
 class FaultScanner:
@@ -120,33 +105,23 @@ class FaultScanner:
         self._frames: dict[str, tuple[int, list[str]]] = {}
         self._judge = FrameJudge(self._frame_rules)
         self._seen: dict[str, Evidence] = {}
-        self._live_ids = frozenset(r.id for r in self._rules if r.live)
-        self._priority: dict[str, int] = {}  # a fault's first place in the table
+        priority: dict[str, int] = {}  # a fault's first place in the table
         for n, rule in enumerate(self._rules):
-            self._priority.setdefault(rule.id, n)
-        # The candidates for the verdict, one per kind (see the module doc), each with
-        # the training bar that was newest when it was seen.
-        self._held: dict[str, tuple[Evidence, str | None]] = {}
-        self._bar: str | None = None  # the newest ``steps`` bar seen
+            priority.setdefault(rule.id, n)
+        # The candidates for the verdict, one per kind (see the module doc).
+        self._held = Held(frozenset(r.id for r in self._rules if r.live), priority)
         self._child: tuple[int | None, int | None] | None = None
         self._known: dict[str, tuple[str, bool, bool]] = {}  # see _prepare
 
     @property
     def verdict(self) -> Evidence | None:
         """What ended the run, so far (see the module doc for the order of preference)."""
-        self._drop_outlived()
-        for kind in _PREFERENCE:
-            held = self._held.get(kind)
-            if held is not None:
-                return held[0]
-        return None
+        return self._held.verdict
 
     def note_bar(self, line: str) -> None:
         """Tell the scanner of a training bar it was not fed (a plain redraw): evidence seen
         before the bar moves on did not end the run."""
-        self._bar = line
-        if self._held:
-            self._drop_outlived()
+        self._held.note_bar(line)
 
     @property
     def last_frame_line(self) -> int:
@@ -180,7 +155,7 @@ class FaultScanner:
             # a message that rich wrapped, begun by the rows before it.
             # (a key can straddle two rows only where rich folded a word: checked inline first)
             if rows and (self._key_row >= rows[0][2]
-                         or (_folded(rows[-1][0]) and index.boundary_hit(rows[-1][0], text))):
+                         or (_cut(rows[-1]) and index.boundary_hit(rows[-1][0], text))):
                 found = self._scan_joined(text, raw_line, lineno)
                 if found is not None:
                     rows.clear()
@@ -193,7 +168,7 @@ class FaultScanner:
         tail = None
         if "%|" in text:
             if "steps:" in text:
-                self._bar = text
+                self._held.bar = text
             tail = bar_tail(text)
         ev, structural = self._scan(text, raw_line, lineno) if hit else (None, False)
         if rows and ev is None and not structural and tail is None and len(text) <= _MAX_ROW:
@@ -313,7 +288,7 @@ class FaultScanner:
         starts = [0]
         acc = rows[0][0]
         for before, row in itertools.pairwise(rows):
-            acc += ("" if _folded(before[0]) else " ") + row[0]
+            acc += ("" if _cut(before) else " ") + row[0]
             starts.append(len(acc) - len(row[0]))
         for sep in ("", " "):
             joined = acc + sep + text
@@ -367,49 +342,22 @@ class FaultScanner:
     def _record(self, ev: Evidence | None) -> Evidence | None:
         if ev is None:
             return None
-        if ev.fault in self._live_ids:
-            ev = replace(ev, live=True)
-            kind = "live"
-        elif ev.framed:
-            kind = "framed"
-        else:
-            kind = "anchored" if ev.anchored and ev.strength == "root" else "last"
-        self._drop_outlived()
-        for other, (old, _) in list(self._held.items()):
-            # The same message read across more of its rows, naming a more specific fault.
-            if old.lineno == ev.lineno and self._priority[ev.fault] < self._priority[old.fault]:
-                del self._held[other]
-        held = self._held.get(kind)
-        if held is None or (kind == "last" and (ev.strength == "root" or held[0].strength == "weak")):
-            self._held[kind] = (ev, self._bar)
+        ev = self._held.record(ev)
         if ev.fault in self._seen:
             return None
         self._seen[ev.fault] = ev
         return ev
 
-    def _drop_outlived(self) -> None:
-        """Forget held evidence that training progress followed: it did not end the run."""
-        bar = self._bar
-        if bar is None or not self._held:
-            return
-        now = _bar_step(bar)
-        for kind, (ev, then) in list(self._held.items()):
-            if then is None and kind == "anchored":
-                # The first bar after a traceback may be tqdm's redraw as it closes (a paste often
-                # starts there): it is where the run stood; only a bar past it is progress.
-                self._held[kind] = (ev, bar)
-            elif kind != "live" and then is not bar and now > _bar_step(then):
-                del self._held[kind]
+
+# A terminal's (or a console copy's) hard wrap cuts a row at its width, mid-word.
+_TERM_WIDTHS = frozenset({80, 100, 120, 160})
 
 
-_PREFERENCE = ("anchored", "framed", "live", "last")
-
-
-def _bar_step(bar: str | None) -> int:
-    """The step a training bar shows; 0 before the first bar (tqdm may draw its 0/N bar only
-    when it is closed, after the traceback) and for a bar that does not parse."""
-    progress = parse_progress(bar) if bar is not None else None
-    return 0 if progress is None else progress.step
+def _cut(row: tuple[str, str, int]) -> bool:
+    """Whether a remembered row may end in a word cut in two: rich folded it, or a terminal hard-wrapped
+    it (the row is as wide as a terminal, ends in a letter or digit, and no source column was dropped)."""
+    text, raw = row[0], row[1]
+    return _folded(text) or (len(raw) in _TERM_WIDTHS and raw[-1:].isalnum() and raw.endswith(text))
 
 
 def classify_text(lines: Iterable[str], rules: Sequence[FaultRule] = BUILTIN_RULES) -> Evidence | None:

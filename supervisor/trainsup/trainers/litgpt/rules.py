@@ -31,9 +31,10 @@ LITGPT_RULES: tuple[FaultRule, ...] = (
         # An optimizer's own step (schedule-free AdamW divides by its weight sum) runs inside torch's
         # lr_scheduler wrapper of optimizer.step: innermost first, it refutes before the wrapper confirms.
         frames_exclude=(r"^(?!lr_scheduler\.py )\S+ step$",),
-        # A traceback cut before its exception line, in the warmup lambda (its code divides by warmup_steps).
+        # A traceback cut before its exception line, in the schedule, with the division or a zero warmup
+        # (LitGPT prints its TrainArgs at start) in sight.
         cut_frames=_LR_FRAMES,
-        cut_hints=(r"ZeroDivisionError", r"/ warmup_steps\b"),
+        cut_hints=(r"ZeroDivisionError", r"\blr_warmup_steps=0\b"),
         explanation="LitGPT's learning-rate schedule divided by zero: --train.lr_warmup_steps is 0, or not "
         "below the run's optimizer steps (--train.max_steps, or epochs x steps per epoch). LitGPT keeps "
         "the schedule in its saved states, so only a fresh start can take a corrected warmup.",
