@@ -3,8 +3,12 @@ real trainer runs each case once however many tests read it."""
 
 from __future__ import annotations
 
+import json
 import os
+import random
 import signal
+import threading
+import time
 from typing import Any
 
 import psutil
@@ -48,6 +52,48 @@ def kill_at_state_10(bed: Bed, cut: bool) -> Any:
     return hook
 
 
+SEED = int(os.environ.get("TRAINSUP_KILL_SEED", "20"))
+
+
+def kill_at_seeded_step(bed: Bed, where: str) -> Any:
+    """A hook: once attempt 1 starts, watch it and kill -9 the trainer at a step drawn from
+    ``TRAINSUP_KILL_SEED``: ``between saves``, once `trainsup status` shows a step after the state of
+    step 10 and before the one of 15; ``inside a save``, the moment the state of step 10 or 15 appears
+    on disk (its files are being written). Meanwhile every step the status shows is kept."""
+    draw = random.Random(f"{SEED}-{bed.name}-{where}")
+    step = draw.choice([11, 12, 13, 14] if where == "between saves" else [10, 15])
+
+    def watch(ctx: Ctx) -> None:
+        status = ctx.out / ".trainsup" / "status.json"
+        seen: list[tuple[int, int]] = ctx.marks.setdefault("status_steps", [])
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and "done" not in ctx.marks:
+            try:
+                now = json.loads(status.read_text())
+            except (OSError, ValueError):
+                now = {}
+            if now.get("state") == "running" and now.get("step") is not None:
+                seen.append((int(now.get("attempt") or 0), int(now["step"])))
+            if "killed" not in ctx.marks:
+                due = (int(now.get("step") or 0) >= step if where == "between saves"
+                       else bed.state_dir(ctx.out, step).exists())
+                trainer = bed.trainer_process(ctx.pid) if due else None
+                if trainer is not None:
+                    trainer.kill()
+                    ctx.marks["killed"] = trainer.pid
+                    shown = now.get("step")
+                    ctx.marks["kill"] = f"{where} at step {step} (seed {SEED}; status showed step {shown})"
+            time.sleep(0.005)
+
+    def hook(event: dict[str, Any], ctx: Ctx) -> None:
+        if event["event"] == "attempt_start" and event["attempt"] == 1:
+            threading.Thread(target=watch, args=(ctx,), daemon=True).start()
+        elif event["event"] in ("finished", "gave_up"):
+            ctx.marks["done"] = True
+
+    return hook
+
+
 def sigterm_at_state_5(event: dict[str, Any], ctx: Ctx) -> None:
     """A hook: while the trainer trains (attempt 1 saved step 5), SIGTERM to trainsup; keep the
     trainer's process tree as it was then."""
@@ -71,6 +117,16 @@ def killed_run(bed: Bed, tmp_path_factory: pytest.TempPathFactory) -> Run:
 @pytest.fixture(scope="module")
 def cut_run(bed: Bed, tmp_path_factory: pytest.TempPathFactory) -> Run:
     return _run(bed, "cut", tmp_path_factory, kill_at_state_10(bed, cut=True))
+
+
+@pytest.fixture(scope="module")
+def seeded_between_saves_run(bed: Bed, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    return _run(bed, "kill", tmp_path_factory, kill_at_seeded_step(bed, "between saves"))
+
+
+@pytest.fixture(scope="module")
+def seeded_inside_a_save_run(bed: Bed, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    return _run(bed, "kill", tmp_path_factory, kill_at_seeded_step(bed, "inside a save"))
 
 
 @pytest.fixture(scope="module")

@@ -71,13 +71,21 @@ def visible_files(out: Path, logs: tuple[str, ...] = ()) -> list[str]:
                   if p.is_file() and p.relative_to(out).parts[0] not in (".trainsup", *logs))
 
 
-@pytest.mark.parametrize("which", ["killed_run", "cut_run"])
+@pytest.mark.parametrize("which", ["killed_run", "cut_run", "seeded_between_saves_run", "seeded_inside_a_save_run"])
 def test_an_interrupted_run_ends_as_if_it_had_never_been_interrupted(
         bed: Bed, clean_run: Run, which: str, request: pytest.FixtureRequest) -> None:
     """The same files as the uninterrupted run, each weights file with its tensors (within the
-    adapter's stated residual), and exactly the steps asked for."""
+    adapter's stated residual), and exactly the steps asked for; the seeded kills (at a step drawn
+    from TRAINSUP_KILL_SEED, between saves or inside one) also never show a step past the last one
+    asked for, nor one before the resume point once resumed."""
     run: Run = request.getfixturevalue(which)
+    assert "killed" in run.marks, f"the trainer was never killed: {run.marks.get('kill') or which}"
     assert_finished(run)
+    if "status_steps" in run.marks:
+        resumed = [step for attempt, step in run.marks["status_steps"] if attempt >= 2]
+        resume_step = run.starts()[-1]["resume_step"]
+        assert resumed and resume_step <= min(resumed) and max(resumed) <= 20, (resume_step, resumed)
+        print(f"{bed.name}: killed {run.marks['kill']}: resumed at {resume_step}")
     assert visible_files(run.out, bed.log_dirs) == visible_files(clean_run.out, bed.log_dirs)
     start, end = run.starts()[-1], run.of("attempt_end")[-1]
     assert start["resume_step"] + end["steps_trained"] == 20 and max(e["step"] for e in run.of("attempt_end")) == 20
@@ -88,6 +96,7 @@ def test_an_interrupted_run_ends_as_if_it_had_never_been_interrupted(
         assert sorted(a) == sorted(b), ours
         worst = max([worst, *(float(np.max(np.abs(a[k].astype(np.float64) - b[k]))) for k in a)])
     assert worst <= bed.resume_tolerance, f"max |dw| {worst:.3g} over {bed.resume_tolerance:.3g}"
+    print(f"{bed.name} {which}: max |dw| {worst:.3g} against the uninterrupted run")
 
 
 def test_a_fault_trainsup_can_fix_is_fixed_in_the_next_launch(bed: Bed, remedy_run: Run) -> None:
