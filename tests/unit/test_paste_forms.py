@@ -42,6 +42,7 @@ def tb(*frames: tuple[str, str], code: str = "x = f(y)") -> list[str]:
     ("```python", ""),
     ("> ```text", ""),
     ("``` console", ""),
+    ("~~~", ""),
     ("```Traceback (most recent call last):", "Traceback (most recent call last):"),
     ("subprocess.CalledProcessError: x```", "subprocess.CalledProcessError: x"),
     ("a > b is fine", "a > b is fine"),
@@ -67,6 +68,8 @@ def test_a_quoted_fenced_traceback_with_prose_around_it() -> None:
     ("[2024-09-01 10:00:00] [ERROR] Traceback (most recent call last):", "Traceback (most recent call last):"),
     ("[2024-11-15 10:23:44.155] [info]  Python process exited", "Python process exited"),
     ("12:01:02-123456 INFO     Executing command", "Executing command"),
+    ("2024/05/01 10:00:00 ERROR: OSError: x", "OSError: x"),
+    ('251: [INFO] File "C:\\fg\\train.py", line 9, in f', 'File "C:\\fg\\train.py", line 9, in f'),
     ("ERROR-prone but fine", "ERROR-prone but fine"),
     ("12:00 is not a time stamp", "12:00 is not a time stamp"),
 ])

@@ -32,14 +32,15 @@ _ONE_PREFIX = r"""
     \[(?:                                                       # bracketed: rank tags, times, stream tags
         (?:rank|default)\d+\]:?
       | \d{1,2}:\d{2}:\d{2}(?:[.,]\d+)?\]                       # [12:01:02]
-      | \d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\]:?
+      | \d{4}[-/]\d{2}[-/]\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\]:?
       | \d{2}/\d{2}/\d{2,4}[ ]\d{2}:\d{2}:\d{2}\]               # rich's default [%x %X]
       | (?:STDERR|STDOUT|stderr|stdout)\]:?
       | (?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|debug|info|warning|warn|error)\]:?   # [INFO] (fluxgym, GUIs)
     )
-  | \d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?:?   # bare ISO-ish dates
+  | \d{4}[-/]\d{2}[-/]\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?:?   # bare ISO-ish dates
         (?:[ ]-[ ](?:[\w.]{1,64}[ ]-[ ](?=(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b))?)?  # "- name - " (logging's default)
   | \d{1,2}:\d{2}:\d{2}(?:[.,-]\d{1,6})?(?=\s)                  # bare times (kohya_ss GUI: 12:01:02-123456)
+  | \d{1,6}:[ ](?=\S)                                          # a GUI's or pastebin's line numbers ("251: ")
   | (?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)            # level words, but only in the
         (?:[ \t]*[|-](?=\s)|:|[ \t]{2,}|(?<=CRITICAL)[ ]|(?<=WARNING)[ ])  # shapes loggers print them in
   | std(?:out|err)[ ][FP](?=\s)                                 # CRI (containerd/k8s) stream + tag
@@ -47,6 +48,8 @@ _ONE_PREFIX = r"""
   | >+(?=\s|$)                                                  # markdown quote markers, nested too
 """
 _PREFIX = re.compile(r"(?:\s*(?:" + _ONE_PREFIX + r"))+\s*", re.VERBOSE)
+
+_FENCES = frozenset({"```", "~~~"})  # markdown code fences
 
 # rich's boxed tracebacks (``rich.traceback``): rows inside ``│ ... │`` between ``╭─ Traceback ... ─╮``
 # and ``╰─...─╯``; a frame row is ``path:123 in func``, a code row ``❱ 123 │ code``.
@@ -105,7 +108,7 @@ def clean_line(s: str) -> str:
     s = s.rstrip()
     if s[:1] in _BOX_FIRST:
         return _unbox(s)
-    if s[:3] == "```" or s[-3:] == "```":
+    if s[:3] in _FENCES or s[-3:] in _FENCES:
         s = _unfence(s)
     if s[-1:].isdigit():
         s = _drop_source_column(s)
@@ -128,12 +131,12 @@ def _unbox(s: str) -> str:
 
 def _unfence(s: str) -> str:
     """A markdown code fence line says nothing (``````` or ```````python``); text glued to a fence is kept."""
-    if s[:3] == "```":
-        rest = s.lstrip("`").strip()
+    if s[:3] in _FENCES:
+        rest = s.lstrip(s[0]).strip()
         if not rest or (len(rest) <= 20 and rest[0].islower() and " " not in rest):
             return ""  # a fence, with or without its language tag
         return clean_line(rest)
-    return s.rstrip("`").rstrip()
+    return s.rstrip(s[-1]).rstrip()
 
 
 def _drop_source_column(s: str) -> str:
