@@ -143,13 +143,6 @@ def test_a_launchers_exception_never_anchors() -> None:
     assert scanner.verdict is not None and not scanner.verdict.anchored
 
 
-def test_weak_launcher_evidence_never_replaces_the_trainers_message() -> None:
-    lines = ["[rank0]: RuntimeError: CUDA error: out of memory",  # the trainer's, its frames cut away
-             "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
-             "  exitcode  : -9 (pid: 4242)"]
-    assert fault(lines) == "cuda_oom"
-
-
 # --- tracebacks judged by their frames -------------------------------------------------------------
 
 SAMPLING = (("/sd/flux_train_network.py", "sample_images"), ("/sd/library/flux_train_utils.py", "sample_image_inference"))

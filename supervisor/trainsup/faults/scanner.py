@@ -15,9 +15,12 @@ ended the run, in this order of preference:
 3. a live fault (NaN loss: the trainer does not stop by itself);
 4. of all other evidence, the *last* line: an argparse error or the launcher's
    report of a SIGKILL just before the end explains it better than a warning
-   printed at import (weak evidence never replaces root evidence here).
+   printed at import.
 Evidence followed by a trained step (the ``steps`` bar moved past where it was) did
-not end the run and is dropped, whatever it mentions; live evidence stays.  ``classify_exit``
+not end the run and is dropped, whatever it mentions; live evidence stays (``verdict.Held``
+keeps the candidates; the first bar after a traceback may be tqdm's closing redraw, so
+only a bar past it counts).  A message rich or a terminal wrapped is read across its
+rows: a later row may name a more specific fault than the first one did.  ``classify_exit``
 combines the verdict with the exit status: a run that exits 0 with kohya's success
 marker has finished, whatever it printed on the way.
 

@@ -2,9 +2,9 @@
 
 ``Held`` keeps one candidate per kind, in this order of preference (the scanner's module doc says
 why): ``anchored`` (a traceback's exception line, the first), ``framed`` (a traceback judged by its
-frames, the first), ``live`` (NaN loss), ``last`` (any other evidence, the newest; weak evidence never
-replaces root evidence there).  Each remembers the training bar that was newest when it was seen:
-evidence that the bar moved past did not end the run and is dropped (live evidence stays).
+frames, the first), ``live`` (NaN loss), ``last`` (any other evidence, the newest).  Each
+remembers the training bar that was newest when it was seen: evidence that the bar moved past did
+not end the run and is dropped (live evidence stays).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class Held:
             if old.lineno == ev.lineno and self._priority.get(ev.fault, 0) < self._priority.get(old.fault, 0):
                 del self._held[other]
         held = self._held.get(kind)
-        if held is None or (kind == "last" and (ev.strength == "root" or held[0].strength == "weak")):
+        if held is None or kind == "last":
             self._held[kind] = (ev, self.bar)
         return ev
 
