@@ -50,12 +50,14 @@ _ONE_PREFIX = r"""
 _PREFIX = re.compile(r"(?:\s*(?:" + _ONE_PREFIX + r"))+\s*", re.VERBOSE)
 
 _FENCES = frozenset({"```", "~~~"})  # markdown code fences
+_FENCE_LAST = frozenset("`~")
 
 # rich's boxed tracebacks (``rich.traceback``): rows inside ``│ ... │`` between ``╭─ Traceback ... ─╮``
 # and ``╰─...─╯``; a frame row is ``path:123 in func``, a code row ``❱ 123 │ code``.
 _BOX_FIRST = frozenset("│╭╰")
 _RICH_FRAME = re.compile(r"(?P<path>\S.{0,400}?):(?P<line>\d+) in (?P<func>\S+)$")
 _RICH_CODE = re.compile(r"(?:❱\s*)?\d+(?:\s*│|$)")
+_MARKUP_FIRST = _BOX_FIRST | _FENCE_LAST
 
 # What follows the last run of 2+ spaces when rich added its source column.
 _SOURCE_COLUMN = re.compile(r"[\w.-]+\.py:\d+")
@@ -106,12 +108,17 @@ def clean_line(s: str) -> str:
         if m is not None:
             s = s[m.end():]
     s = s.rstrip()
-    if s[:1] in _BOX_FIRST:
-        return _unbox(s)
-    if s[:3] in _FENCES or s[-3:] in _FENCES:
-        s = _unfence(s)
-    if s[-1:].isdigit():
+    first = s[:1]
+    if first in _MARKUP_FIRST:  # rare: a row of rich's boxed traceback, a markdown fence
+        if first in _BOX_FIRST:
+            return _unbox(s)
+        if s[:3] in _FENCES:
+            s = _unfence(s)
+    last = s[-1:]
+    if last.isdigit():
         s = _drop_source_column(s)
+    elif last in _FENCE_LAST and s[-3:] in _FENCES:
+        s = _unfence(s)
     return s.strip()
 
 
