@@ -69,6 +69,7 @@ def test_a_quoted_fenced_traceback_with_prose_around_it() -> None:
     ("[2024-11-15 10:23:44.155] [info]  Python process exited", "Python process exited"),
     ("12:01:02-123456 INFO     Executing command", "Executing command"),
     ("2024/05/01 10:00:00 ERROR: OSError: x", "OSError: x"),
+    ("\x1b[36m(RayTrainWorker pid=61407, ip=10.0.3.14)\x1b[0m   File \"/t/a.py\", line 3, in f", 'File "/t/a.py", line 3, in f'),
     ('251: [INFO] File "C:\\fg\\train.py", line 9, in f', 'File "C:\\fg\\train.py", line 9, in f'),
     ("ERROR-prone but fine", "ERROR-prone but fine"),
     ("12:00 is not a time stamp", "12:00 is not a time stamp"),
@@ -172,6 +173,18 @@ SAMPLING = (("/sd/flux_train_network.py", "sample_images"), ("/sd/library/flux_t
 ])
 def test_a_traceback_is_judged_by_its_frames(lines: list[str], expected: str | None) -> None:
     assert fault(lines) == expected
+
+
+def test_adapters_judge_cut_tracebacks_by_their_own_frames() -> None:
+    rules = family_rules() + BUILTIN_RULES
+    saver = tb(("C:\\ot\\modules\\modelSaver\\mixin\\LoRASaverMixin.py", "_save"),
+               code='raise NotImplementedError(f"Unsupported LoRA output format: {fmt}")')
+    schedule = tb(("/venv/torch/optim/lr_scheduler.py", "get_lr"),
+                  ("/venv/transformers/optimization.py", "_get_polynomial_decay_schedule_with_warmup_lr_lambda"),
+                  code="pct_remaining = 1 - (current_step - num_warmup_steps) / decay_steps")
+    for lines, expected in ((saver, "output_format"), (schedule, "lr_schedule")):
+        verdict = classify_text(lines, rules)
+        assert verdict is not None and verdict.fault == expected
 
 
 # --- import-time version requirements --------------------------------------------------------------

@@ -4,7 +4,7 @@ A trainer's output reaches the supervisor decorated: ANSI colours from rich, ran
 tags from torchrun (``[rank0]:``), timestamps and level columns from rich, GUIs and
 log shippers (``[12:01:02] [STDERR]``, ``2024-08-01T12:00:00Z stdout F``,
 ``INFO |``, ``2024-05-01 10:00:00,123 - INFO -``, ``[INFO]``, kohya_ss's
-``12:01:02-123456 INFO``), rich's right-aligned ``train_util.py:123`` source column,
+``12:01:02-123456 INFO``, Ray's ``(RayTrainWorker pid=61407, ip=10.0.3.14)``), rich's right-aligned ``train_util.py:123`` source column,
 and tqdm bars that the next message gets glued onto.  Logs pasted into an issue also
 carry markdown: ``> `` quote markers (nested too) and code fence lines, which say
 nothing and clean to an empty line.  rich's boxed tracebacks are read in CPython's words
@@ -46,6 +46,7 @@ _ONE_PREFIX = r"""
   | std(?:out|err)[ ][FP](?=\s)                                 # CRI (containerd/k8s) stream + tag
   | \|(?=\s)                                                    # "| " column separators
   | >+(?=\s|$)                                                  # markdown quote markers, nested too
+  | \(\w{1,64}[ ]pid=\d+(?:,[ ]ip=[\d.:]+)?\)                     # Ray's actor prefix
 """
 _PREFIX = re.compile(r"(?:\s*(?:" + _ONE_PREFIX + r"))+\s*", re.VERBOSE)
 
@@ -63,7 +64,7 @@ _MARKUP_FIRST = _BOX_FIRST | _FENCE_LAST
 _SOURCE_COLUMN = re.compile(r"[\w.-]+\.py:\d+")
 
 # First characters a decorated line can start with; anything else skips the regex.
-_PREFIX_FIRST = frozenset("[0123456789 \t|DIWECF>")
+_PREFIX_FIRST = frozenset("[0123456789 \t|DIWECF>(")
 
 # sd-scripts' own format (rich, datefmt "%Y-%m-%d %H:%M:%S"): a 19-character time or
 # 19 blanks (rich blanks a repeated time), a space, then the level padded to 8 and a

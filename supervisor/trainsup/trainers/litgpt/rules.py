@@ -14,8 +14,10 @@ from __future__ import annotations
 from ...faults.rules import FaultRule
 
 LR_SCHEDULE = "lr_schedule"
-# torch's lr_scheduler.py frames, or the warmup lambda of litgpt's get_lr_scheduler (`lora.py <lambda>`)
-_LR_FRAMES = (r"^lr_scheduler\.py ", r"^(?:lora|full|adapter|adapter_v2|pretrain|lora_legacy)\.py <lambda>$")
+# torch's lr_scheduler.py frames, the warmup lambda of litgpt's get_lr_scheduler (`lora.py <lambda>`), or
+# a schedule lambda of transformers (`optimization.py _get_polynomial_decay_schedule_with_warmup_lr_lambda`)
+_LR_FRAMES = (r"^lr_scheduler\.py ", r"^(?:lora|full|adapter|adapter_v2|pretrain|lora_legacy)\.py <lambda>$",
+              r"^optimization\.py _get_\w+_lr_lambda$")
 SEQUENCE_TOO_LONG = "sequence_too_long"
 
 LITGPT_RULES: tuple[FaultRule, ...] = (
@@ -34,7 +36,7 @@ LITGPT_RULES: tuple[FaultRule, ...] = (
         # A traceback cut before its exception line, in the schedule, with the division or a zero warmup
         # (LitGPT prints its TrainArgs at start) in sight.
         cut_frames=_LR_FRAMES,
-        cut_hints=(r"ZeroDivisionError", r"\blr_warmup_steps=0\b"),
+        cut_hints=(r"ZeroDivisionError", r"\blr_warmup_steps=0\b", r"/ warmup_steps$", r"/ decay_steps$"),
         explanation="LitGPT's learning-rate schedule divided by zero: --train.lr_warmup_steps is 0, or not "
         "below the run's optimizer steps (--train.max_steps, or epochs x steps per epoch). LitGPT keeps "
         "the schedule in its saved states, so only a fresh start can take a corrected warmup.",

@@ -27,6 +27,9 @@ RULES: tuple[FaultRule, ...] = (
     FaultRule(
         id=OUTPUT_FORMAT,
         patterns=(r"Unsupported LoRA output format",),
+        # cut before the exception line: the saver's raise line quotes the wording
+        cut_frames=(r"^LoRASaverMixin\.py _save$",),
+        cut_hints=(r"Unsupported LoRA output format",),
         explanation="output_model_format is one OneTrainer cannot write a LoRA in (SAFETENSORS, its "
         "default, is for full models); KOHYA_LORA is the common LoRA file.",
     ),
