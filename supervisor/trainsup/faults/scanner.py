@@ -156,7 +156,8 @@ class FaultScanner:
         if not hit and "%|" not in text:
             # The common case, an ordinary line holding no key: it can only complete
             # a message that rich wrapped, begun by the rows before it.
-            # (a key can straddle two rows only where rich folded a word: checked inline first)
+            # (a key can straddle two rows only where a word was cut: rich folded it, or a
+            # terminal hard-wrapped it; checked inline first)
             if rows and (self._key_row >= rows[0][2]
                          or (_cut(rows[-1]) and index.boundary_hit(rows[-1][0], text))):
                 found = self._scan_joined(text, raw_line, lineno)

@@ -78,15 +78,16 @@ class Held:
     def drop_outlived(self) -> None:
         """Forget held evidence that training progress followed: it did not end the run."""
         bar = self.bar
-        if bar is None or not self._held:
-            return
+        held = [(kind, h) for kind, h in self._held.items() if kind != "live" and h[1] is not bar]
+        if bar is None or not held:
+            return  # (a held NaN loss costs no parse of every redraw)
         now = _bar_step(bar)
-        for kind, (ev, then) in list(self._held.items()):
+        for kind, (ev, then) in held:
             if then is None and kind == "anchored":
                 # The first bar after a traceback may be tqdm's redraw as it closes (a paste often
                 # starts there): it is where the run stood; only a bar past it is progress.
                 self._held[kind] = (ev, bar)
-            elif kind != "live" and then is not bar and now > _bar_step(then):
+            elif now > _bar_step(then):
                 del self._held[kind]
 
 
