@@ -13,7 +13,7 @@ from trainsup.faults.linetext import clean_line, rank_tag
 from trainsup.faults.logscan import scan_log
 from trainsup.faults.remedies import Action, required_spec, upgrade_spec
 from trainsup.faults.rules import BUILTIN_RULES
-from trainsup.faults.scanner import FaultScanner, classify_text
+from trainsup.faults.scanner import classify_text
 from trainsup.trainers.registry import family_rules
 
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 MiB. GPU 0 has a total capacity of 11.7 GiB"
@@ -135,13 +135,22 @@ def test_richs_continuation_rows_after_a_traceback_are_not_quoted_code() -> None
 
 # --- the trainer's exception over the launcher's ---------------------------------------------------
 
-def test_a_launchers_exception_never_anchors() -> None:
-    launcher = tb(("C:\\env\\Scripts\\accelerate.exe\\__main__.py", "<module>"),
-                  ("C:\\env\\lib\\site-packages\\accelerate\\commands\\launch.py", "simple_launcher"))
-    scanner = FaultScanner()
-    for n, line in enumerate([*launcher, "RuntimeError: CUDA error: an illegal memory access was encountered"], 1):
-        scanner.feed(line, n)
-    assert scanner.verdict is not None and not scanner.verdict.anchored
+def test_the_launchers_report_quotes_the_childs_argv_which_is_no_evidence() -> None:
+    trainer = [*tb(("D:\\k\\train_network.py", "train")), "ValueError: something odd about the buckets"]
+    launcher = tb(("D:\\k\\venv\\Scripts\\accelerate.EXE\\__main__.py", "<module>"),
+                  ("D:\\k\\venv\\lib\\site-packages\\accelerate\\commands\\launch.py", "simple_launcher"))
+    argv = "['python.exe', 'train_network.py', '--output_dir', 'D:/No such file or directory']"
+    ended = f"subprocess.CalledProcessError: Command '{argv}' returned non-zero exit status 1."
+    assert fault([*trainer, *launcher, ended]) is None
+    killed = f"subprocess.CalledProcessError: Command '{argv}' died with <Signals.SIGKILL: 9>."
+    assert fault([*trainer, *launcher, killed]) == "host_oom_killed"  # weak: the child's fate
+
+
+def test_the_rule_that_matched_explains_the_diagnosis() -> None:
+    scan = scan_log(_bytes(["FileNotFoundError: [Errno 2] No such file or directory: '/data/img'"]))
+    diagnosis = diagnose_scan("x.log", scan, family_rules() + BUILTIN_RULES)
+    assert diagnosis.fault == "config_error" and diagnosis.explanation is not None
+    assert "LitGPT" not in diagnosis.explanation  # another rule of the same id, not the one that matched
 
 
 # --- tracebacks judged by their frames -------------------------------------------------------------

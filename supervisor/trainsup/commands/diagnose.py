@@ -199,7 +199,9 @@ def diagnose_scan(name: str, scan: LogScan, rules: Sequence[FaultRule] = BUILTIN
         diagnosis.fault = "unknown"
     if diagnosis.fault is None:
         return diagnosis
-    diagnosis.explanation = _explanation(diagnosis.fault, rules)
+    # The rule that matched explains it (several rules share a fault id: an adapter's own wording).
+    diagnosis.explanation = (verdict.explanation if verdict is not None and verdict.fault == diagnosis.fault
+                             and verdict.explanation else _explanation(diagnosis.fault, rules))
     required = required_spec(diagnosis.evidence) if diagnosis.fault == "missing_dependency" else None
     if required is not None:  # an import-time version check names exactly what to install
         diagnosis.explanation += f" It needs {required}: run pip install {shlex.quote(required)} in the trainer's environment."

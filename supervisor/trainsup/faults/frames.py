@@ -44,7 +44,7 @@ _LAUNCHER = re.compile(
 # How far (lines) a hint may be from the frames it confirms: a GUI may print the message before
 # the traceback, interleaved ranks push it further away.
 HINT_BEFORE, HINT_AFTER = 60, 40
-Found = tuple[str, str, int]  # (fault id, the line as written, its line number)
+Found = tuple["CutRule", str, int]  # (the rule, the line as written, its line number)
 
 
 class CutRule:
@@ -52,6 +52,7 @@ class CutRule:
 
     def __init__(self, rule: FaultRule) -> None:
         self.id = rule.id
+        self.explanation = rule.explanation
         self.require = tuple(re.compile(p) for p in rule.cut_frames)
         self.exclude = tuple(re.compile(p) for p in rule.frames_exclude)
         self.hint = re.compile("|".join(f"(?:{h})" for h in rule.cut_hints)) if rule.cut_hints else None
@@ -95,13 +96,13 @@ class FrameJudge:
             return None
         _, (_, frames) = min(near, key=lambda rf: (rf[0] != rank, -rf[1][0]))
         rule = self._rules[j]
-        return (rule.id, raw, lineno) if judge(frames, rule.require, rule.exclude) else None
+        return (rule, raw, lineno) if judge(frames, rule.require, rule.exclude) else None
 
     def frame(self, frames: list[str], rank: str, lineno: int, raw: str) -> Found | None:
         """A traceback grew a frame: judge it by the hints seen shortly before (its rank's first)."""
         for rule in self._bare:
             if judge(frames, rule.require, rule.exclude):
-                return rule.id, raw, lineno
+                return rule, raw, lineno
         if not self._hints:
             return None
         for hint_line, j, _, hint_raw in sorted(self._hints, key=lambda h: (h[2] != rank, -h[0])):
@@ -109,5 +110,5 @@ class FrameJudge:
                 continue
             rule = self._rules[j]
             if judge(frames, rule.require, rule.exclude):
-                return rule.id, hint_raw, hint_line
+                return rule, hint_raw, hint_line
         return None

@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 
 from .exits import SIGNAL_LINE, STATUS_LINE, TORCHRUN_LINE, ExitInfo, classify_exit, parse_child_status
-from .frames import FrameJudge, cut_rules, is_launcher
+from .frames import Found, FrameJudge, cut_rules, is_launcher
 from .keys import KeyIndex
 from .keys import is_folded as _folded
 from .linetext import bar_tail, clean_line, rank_tag, starts_record, strip_ansi
@@ -227,7 +227,7 @@ class FaultScanner:
                 frames.append(m.group(1).replace("\\", "/").rsplit("/", 1)[-1] + " " + m.group(2).strip())
                 self._frames[rank] = (lineno, frames)
                 framed = self._judge.frame(frames, rank, lineno, raw)
-                return (None if framed is None else Evidence(*framed, "root", framed=True)), True
+                return _framed(framed), True
             elif owner == _ST and (status := parse_child_status(text)) is not None:
                 self._child = status
         # A frame rule's hint counts in the code a frame quotes too (``te_outputs[prompt]``).
@@ -236,10 +236,18 @@ class FaultScanner:
             hinted = self._note_hints(text, raw, lineno, candidates)
         if self._is_source_line(raw, text, lineno):
             return hinted, True  # a traceback quoting code; its exception line follows
-        found = self._match(text, raw, lineno, candidates)
+        # A launcher's report of its child quotes the child's argv: only its weak wording (the child's
+        # fate, a SIGKILL) is evidence there.
+        found = self._match(text, raw, lineno, candidates, weak_only=self._launcher_reports(raw, lineno))
         if found is None:
             return hinted, structural
-        return Evidence(found[0].id, raw, lineno, found[0].strength, self._in_traceback(raw, lineno)), structural
+        return Evidence(found[0].id, raw, lineno, found[0].strength, self._in_traceback(raw, lineno),
+                        explanation=found[0].explanation), structural
+
+    def _launcher_reports(self, raw: str, lineno: int) -> bool:
+        """Whether ``raw`` ends a launcher's traceback (accelerate's or torchrun's report of its child)."""
+        frames = self._frames_in_sight(raw, lineno)
+        return frames is not None and is_launcher(frames)
 
     def _note_hints(self, text: str, raw: str, lineno: int, candidates: list[int]) -> Evidence | None:
         """Remember the frame rules' hints on this line; judge the frames in sight by them."""
@@ -249,7 +257,7 @@ class FaultScanner:
             if j >= 0 and self._patterns[k].search(text) is not None:
                 framed = self._judge.hint(j, lineno, rank, raw, self._frames)
                 if framed is not None:
-                    return Evidence(*framed, "root", framed=True)
+                    return _framed(framed)
         return None
 
     def _in_traceback(self, raw: str, lineno: int) -> bool:
@@ -296,17 +304,18 @@ class FaultScanner:
             starts.append(len(acc) - len(row[0]))
         for sep in ("", " "):
             joined = acc + sep + text
-            found = self._match(joined, raw, lineno, self._index.candidates(joined), len(acc), starts)
+            found = self._match(joined, raw, lineno, self._index.candidates(joined), len(acc), starts,
+                                self._launcher_reports(rows[0][1], rows[0][2]))
             if found is not None:
                 first = max(i for i, s in enumerate(starts) if s <= found[1])
                 line = "\n".join([r[1] for r in rows[first:]] + [raw])
                 start = rows[first][2]
                 return Evidence(found[0].id, line, start, found[0].strength,
-                                self._in_traceback(rows[first][1], start))
+                                self._in_traceback(rows[first][1], start), explanation=found[0].explanation)
         return None
 
-    def _match(self, text: str, raw: str, lineno: int, candidates: list[int],
-               boundary: int | None = None, starts: Sequence[int] = (0,)) -> tuple[FaultRule, int] | None:
+    def _match(self, text: str, raw: str, lineno: int, candidates: list[int], boundary: int | None = None,
+               starts: Sequence[int] = (0,), weak_only: bool = False) -> tuple[FaultRule, int] | None:
         """The first rule in table order with a candidate pattern that matches unrefuted,
         with where the match starts.  For joined rows (``starts``: where each row
         begins) the match must span the last join, and only the rows it spans are
@@ -314,7 +323,7 @@ class FaultScanner:
         refuted = -1
         for k in candidates:  # ascending: table order
             i = self._owner[k]
-            if i < 0 or i == refuted:
+            if i < 0 or i == refuted or (weak_only and self._rules[i].strength != "weak"):
                 continue
             m = self._patterns[k].search(text)
             if m is None or (boundary is not None and not m.start() < boundary < m.end()):
@@ -362,6 +371,14 @@ def _cut(row: tuple[str, str, int]) -> bool:
     it (the row is as wide as a terminal, ends in a letter or digit, and no source column was dropped)."""
     text, raw = row[0], row[1]
     return _folded(text) or (len(raw) in _TERM_WIDTHS and raw[-1:].isalnum() and raw.endswith(text))
+
+
+def _framed(found: Found | None) -> Evidence | None:
+    """The evidence of a traceback a cut rule judged by its frames."""
+    if found is None:
+        return None
+    rule, line, lineno = found
+    return Evidence(rule.id, line, lineno, "root", framed=True, explanation=rule.explanation)
 
 
 def classify_text(lines: Iterable[str], rules: Sequence[FaultRule] = BUILTIN_RULES) -> Evidence | None:

@@ -10,7 +10,7 @@ not end the run and is dropped (live evidence stays).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from .matchers import parse_progress
 
@@ -31,6 +31,7 @@ class Evidence:
     anchored: bool = False  # the exception line of a traceback (frames in sight)
     live: bool = False  # the rule asks for action while the child runs (NaN loss)
     framed: bool = False  # a traceback judged by its frames (see ``frames``)
+    explanation: str = field(default="", compare=False)  # the matching rule's
 
 
 class Held:
