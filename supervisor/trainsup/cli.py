@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -293,7 +294,7 @@ def _training_command(args: argparse.Namespace, verb: str) -> list[str] | None:
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
-    from .run.engine import Supervisor, install_signal_handlers
+    from .run.engine import Supervisor
     from .run.policy import PolicyError, load_policy
     from .run.project import ProjectError, find_project, load_project
     from .run.spec import RunSpec
@@ -325,7 +326,8 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     from .service.reporting import listeners_for  # notify: and metrics: (nothing when they are off)
 
     supervisor = Supervisor(spec, policy, listeners=listeners_for(policy, os.environ))
-    install_signal_handlers(supervisor)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # the handlers only record: the decision loop acts
+        signal.signal(sig, lambda signum, _frame: supervisor.request_stop(signum))
     code = supervisor.run()
     if supervisor.reexec_env is not None:
         # The project's command was edited: a new supervisor on the edited file takes the run over

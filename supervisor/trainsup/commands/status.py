@@ -7,6 +7,9 @@ holds (the kernel drops it however the supervisor dies):
   lock is ``lost``: the supervisor died without writing its end (SIGKILL, a reboot, an OOM kill);
 - a held lock whose snapshot was written before that supervisor took the lock is ``starting``: a new
   ``trainsup run`` has not written its first snapshot yet, what the file says is an older run's;
+- on shared storage, a live lease of a supervisor on another host (``record.lease``) stands for the
+  lock, which that host's ``flock`` may not show here: the run is not ``lost``, and ``host`` names
+  the owner (shown in the line as ``pid N on HOST``, since that pid is not this host's);
 - no ``status.json`` and nothing else in the run dir (or no run dir at all) is ``new``: never run;
 - a ``status.json`` that cannot be read or parsed, a project file that cannot be loaded, or a run
   dir with a journal but no snapshot is ``unknown``, with a ``reason``.
@@ -20,12 +23,14 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..record.runlock import holder
+from ..record.lease import OTHER_HOST, local_identity, origin, read_lease
+from ..record.runlock import Holder, holder
 from ..record.textfmt import eta_seconds, progress_parts
 from .runref import RefError, RunRef, attempt_logs, every_project, read_status, resolve
 
@@ -55,6 +60,7 @@ class RunView:
     reason: str | None = None
     updated: float | None = None  # unix time of the snapshot
     project: str | None = None  # the project file
+    host: str | None = None  # the live supervisor's host, when it is another host
 
 
 def view(ref: RunRef) -> RunView:
@@ -64,7 +70,7 @@ def view(ref: RunRef) -> RunView:
         return RunView(ref.name, "unknown", None, reason=ref.problem, project=project)
     run_dir = ref.run_dir
     out = RunView(ref.name, "unknown", str(run_dir), project=project)
-    lock = holder(run_dir)
+    lock = _owner(run_dir, out)
     if lock is not None and lock.pid > 0:
         out.pid = lock.pid
     data, problem = read_status(run_dir)
@@ -104,6 +110,22 @@ def view(ref: RunRef) -> RunView:
     return out
 
 
+def _owner(run_dir: Path, out: RunView) -> Holder | None:
+    """The live supervisor: the lock's holder, else another host's live lease (sets ``out.host``)."""
+    me = local_identity()
+    lock = holder(run_dir)
+    if lock is not None:
+        if origin({"host": lock.host, "boot_id": lock.boot_id}, me) == OTHER_HOST:
+            out.host = lock.host
+        return lock
+    lease = read_lease(run_dir)
+    if lease is None or not lease.live(time.time()) or \
+            origin({"host": lease.host, "boot_id": lease.boot_id}, me) != OTHER_HOST:
+        return None
+    out.host = lease.host
+    return Holder(lease.pid, 0.0, lease.host, lease.boot_id)
+
+
 def _gpu_text(entry: Mapping[str, Any]) -> str | None:
     index, used, total = entry.get("index"), _number(entry.get("used_mib")), _number(entry.get("total_mib"))
     if index is None or (used is None and total is None):
@@ -124,7 +146,7 @@ def format_line(run: RunView, name_width: int = 0) -> str:
     if live:
         parts.extend(text for text in map(_gpu_text, run.gpu or []) if text)
         if run.pid is not None:
-            parts.append(f"pid {run.pid}")
+            parts.append(f"pid {run.pid}" + (f" on {run.host}" if run.host else ""))
     elif run.exit_code is not None:
         parts.append(f"exit {run.exit_code}")
     if run.reason and run.state != "finished":  # a finished run's reason says only that

@@ -7,6 +7,10 @@ trainsup process by its command line. SIGTERM is what ``trainsup run`` treats as
 stops the trainer's whole process group (SIGTERM, ``stop.grace_s``, SIGKILL), journals the end and
 drops the lock. So "stopped" means the lock is free, or held by another pid (a new supervisor).
 
+On shared storage the owner may be another host (the lock or a live lease names it,
+``record.lease``): a pid recorded there means nothing here, so nothing is signalled; stop says which
+host owns the run (exit 1) and is to be run there.
+
 The trainer itself is never signalled from here: the supervisor alone knows its process group and
 records the run's end; signalling around it would leave a ``lost`` run.
 """
@@ -20,6 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TextIO
 
+from ..record.lease import OTHER_HOST, local_identity, origin, read_lease
 from ..record.runlock import Holder, holder
 from .pidcheck import check_supervisor
 from .runref import RefError, resolve
@@ -45,6 +50,11 @@ def run_stop(arg: str, *, timeout: float, env: Mapping[str, str], out: TextIO, e
         print(f"trainsup stop: error: {exc}", file=err)
         return EXIT_USAGE
     sup = _holder_with_pid(run_dir, clock, sleep)
+    owner = _other_host(run_dir, sup, env)
+    if owner is not None:
+        print(f"trainsup stop: error: {ref.name} is owned by {owner}: pids there mean nothing on this host; "
+              "run trainsup stop on that host", file=err)
+        return EXIT_STILL_RUNNING
     if sup is None:
         print(f"trainsup stop: nothing to stop: no supervisor holds {run_dir / 'lock'}", file=err)
         print(format_line(view(ref)), file=out)
@@ -78,6 +88,19 @@ def run_stop(arg: str, *, timeout: float, env: Mapping[str, str], out: TextIO, e
         sleep(POLL_S)
     print(format_line(view(ref)), file=out)
     return EXIT_STOPPED
+
+
+def _other_host(run_dir: Path, sup: Holder | None, env: Mapping[str, str]) -> str | None:
+    """The owner of the run when it is a supervisor on another host: the lock's holder, or a live lease
+    (a lock taken on another host may not show here)."""
+    me = local_identity(env)
+    if sup is not None and origin({"host": sup.host, "boot_id": sup.boot_id}, me) == OTHER_HOST:
+        return f"host {sup.host} (pid {sup.pid})"
+    lease = read_lease(run_dir)
+    if sup is None and lease is not None and lease.live(time.time()) \
+            and origin({"host": lease.host, "boot_id": lease.boot_id}, me) == OTHER_HOST:
+        return lease.describe(time.time())
+    return None
 
 
 def _holder_with_pid(run_dir: Path, clock: Callable[[], float], sleep: Callable[[float], None]) -> Holder | None:

@@ -3,7 +3,9 @@
 The supervisor holds an exclusive ``flock`` on ``RUN_DIR/lock`` for its whole life and writes its
 pid and start time into it. The kernel drops the lock when the process dies however it dies, so
 "a lock is held" is the truth about a live supervisor; the pid inside says which one (``trainsup
-stop`` signals it), and a status that says ``running`` under a free lock is a lost supervisor.
+stop`` signals it), and a status that says ``running`` under a free lock is a lost supervisor. The
+lock also names the supervisor's host and boot id (``record.lease``): on shared storage a pid from
+another host means nothing here.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from .lease import local_identity
+
 INHERITED_FD = "TRAINSUP_INHERITED_LOCK_FD"
 
 
@@ -27,6 +31,8 @@ class LockHeld(RuntimeError):
 class Holder:
     pid: int
     started: float  # time.time() when it took the lock
+    host: str = ""  # "": written before hosts were recorded (this host's)
+    boot_id: str = ""
 
 
 class RunLock:
@@ -44,7 +50,8 @@ class RunLock:
             raise LockHeld(str(self.path)) from None
         fh.seek(0)
         fh.truncate()
-        fh.write(json.dumps({"pid": os.getpid(), "started": round(time.time(), 3)}) + "\n")
+        fh.write(json.dumps({"pid": os.getpid(), "started": round(time.time(), 3), **local_identity().fields()})
+                 + "\n")
         fh.flush()
         self._fh = fh
 
@@ -87,7 +94,8 @@ def holder(run_dir: Path) -> Holder | None:
         except BlockingIOError:
             try:
                 data = json.loads(fh.read() or "{}")
-                return Holder(int(data["pid"]), float(data.get("started", 0)))
+                return Holder(int(data["pid"]), float(data.get("started", 0)), str(data.get("host") or ""),
+                              str(data.get("boot_id") or ""))
             except (ValueError, KeyError, TypeError):
                 return Holder(0, 0.0)  # held, by a supervisor that has not written its pid yet
         fcntl.flock(fh, fcntl.LOCK_UN)

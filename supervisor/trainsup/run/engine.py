@@ -24,7 +24,6 @@ from ..faults.scanner import Evidence, FaultScanner
 from ..faults.userrules import compose_rules
 from ..record.journal import Journal, JournalListener
 from ..record.ledger import Ledger, StateRecord
-from ..record.runlock import LockHeld, RunLock
 from ..sensors import gpu
 from ..sensors.hang import HangClock
 from ..sensors.oomkills import NOT_FOR_MEMORY, killed_for_memory, oom_kills
@@ -37,6 +36,7 @@ from .decide import EXIT_STOPPED, Decision, History, Outcome, decide, record, st
 from .gpuguard import GpuGuard
 from .live import LiveControl
 from .observe import Observations
+from .ownership import Refused, claim
 from .policy import Policy
 from .remedy import Remedier
 from .runstate import RunState, check_transition
@@ -94,10 +94,9 @@ class Supervisor:
         self.run_dir = (self.spec.run_dir or t.default_run_dir(self.spec.cwd)).resolve()
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._lock = RunLock(self.run_dir)
-            self._lock.acquire()
-        except LockHeld:
-            self.say(f"error: another trainsup run holds {self.run_dir}")
+            self.owner = claim(self.run_dir, self.policy.lease_stale_s)  # the lock, and the lease other hosts see
+        except Refused as exc:
+            self.say(f"error: {exc}")
             return 2
         except OSError as exc:
             self.say(f"error: cannot use run dir {self.run_dir}: {exc}")
@@ -105,7 +104,8 @@ class Supervisor:
         self.journal = Journal(self.run_dir)
         for listener in self.listeners:
             self.journal.listen(listener)
-        take_over(self.run_dir, self.journal, self.say, self.policy.stop_grace_s)  # a dead supervisor's run
+        self.owner.journal_takeover(self.journal, self.say)
+        take_over(self.run_dir, self.journal, self.say, self.policy.stop_grace_s, self.owner.me)  # a dead one's run
         self.ledger = Ledger.load(self.run_dir / "ledger.json")
         self.history = History()
         self.nan_abs_step: int | None = None
@@ -208,8 +208,7 @@ class Supervisor:
         hooks = AttemptHooks(self._on_state_done, self._on_progress, self._on_evidence, self._on_summary,
                              self._on_file_changed,
                              lambda fault: fault in self._live, self.points.final_written, self._on_hang,
-                             lambda samples: self._status(gpu=self.gpu.status_entries(samples)),
-                             self.notifier.tick)
+                             lambda samples: self._status(gpu=self.gpu.status_entries(samples)), self._tick)
         try:
             result = run_attempt(argv, env, self.spec.cwd, self.run_dir / f"attempt-{attempt}.log",
                                  FaultScanner(self.rules), self.events, hooks, self.policy.stop_grace_s,
@@ -332,7 +331,7 @@ class Supervisor:
         """Wait ``delay`` seconds; True when a stop signal arrived meanwhile."""
         deadline = self.clock() + delay
         while self.stop_signal is None:
-            self.notifier.tick()
+            self._tick()
             left = deadline - self.clock()
             if left <= 0:
                 return False
@@ -350,7 +349,7 @@ class Supervisor:
         self.journal.event("supervisor_restart", reason="the project's command changed", attempt=self.attempt_no)
         self.say("the project's command changed: restarting trainsup on the edited file")
         self._close()
-        self.reexec_env = self._lock.hand_over()  # the lock stays held: never a moment without a supervisor
+        self.reexec_env = self.owner.lock.hand_over()  # the lock stays held: never a moment without a supervisor
         return 0
 
     def _stopped_by_signal(self) -> Decision:
@@ -371,6 +370,7 @@ class Supervisor:
         self._status(state=self.state.value, exit_code=code, reason=decision.reason)
         self.notifier.stopping(f"{self.state.value}: {decision.reason}")
         self._close()
+        self.owner.lease.release()  # not at a hand-over: the same pid goes on holding the run
         return code
 
     def _close(self) -> None:
@@ -380,6 +380,10 @@ class Supervisor:
             listener.close()
         self.journal.close()
         self.notifier.close()
+
+    def _tick(self) -> None:  # every pass of the decision loop: systemd's watchdog, the lease when due
+        self.notifier.tick()
+        self.owner.tick(self.say, self.request_stop)
 
     def _transition(self, new: RunState) -> None:
         self.state = check_transition(self.state, new)
@@ -393,7 +397,3 @@ class Supervisor:
     def say(self, message: str) -> None:
         print(f"trainsup: {message}", file=sys.stderr, flush=True)
 
-
-def install_signal_handlers(supervisor: Supervisor) -> None:
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, _frame: supervisor.request_stop(signum))

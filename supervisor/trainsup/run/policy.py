@@ -77,6 +77,7 @@ class Policy:
     pump_wait_s: float = 2.0  # after the child exits, how long its pipes may stay open (orphans)
     on_prompt_change: str = "at_checkpoint"  # at_checkpoint | now | ignore, for trainers that cache prompts
     snapshot_prompts: bool = True  # give each launch a frozen prompt copy (protects cached prompts)
+    lease_stale_s: float = 60.0  # a lease not renewed this long is a dead supervisor's (see record.lease)
     debounce_s: float = 0.1  # one editor save raises several events: report a file once quiet this long
     rules: tuple[Any, ...] = field(default_factory=tuple)  # fault rules added by the user
     hang: HangPolicy = field(default_factory=HangPolicy)  # the hang clock's timeouts (see sensors.hang)
@@ -192,6 +193,7 @@ _SCHEMA: dict[str, dict[str, tuple[str, Callable[[Any], Any]]]] = {
         "factor": ("backoff_factor", _num(1)),
     },
     "stop": {"grace_s": ("stop_grace_s", _num(0)), "pump_wait_s": ("pump_wait_s", _num(0))},
+    "lease": {"stale_s": ("lease_stale_s", _num(1))},
     "save": {"every_n_steps": ("save_every_n_steps", _optional(_int(1)))},
     "environment": {"allow_upgrade": ("allow_upgrade", _bool)},
     "live": {

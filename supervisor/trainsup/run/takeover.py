@@ -9,6 +9,11 @@ lock, so that one is dead. Before anything else it stops whatever is left of tha
 trainers on one output dir) and journals the lost attempt's end (``attempt_end`` with
 ``supervisor_lost: true``); the engine then resumes from the newest complete state in the ledger.
 
+A record names the host and boot id it was written on (``record.lease``). Pids recorded by another
+host, or by this host before a reboot, mean nothing here: they are never signalled (journal
+``orphan_not_signalled``). Another host's trainer is that host's to stop (its supervisor is dead:
+the lease said so); an earlier boot's processes are gone. The run resumes as after any lost supervisor.
+
 The ledger goes on unless the previous run finished: a run stopped, given up or lost resumes from
 its newest complete state when started again (``systemctl restart``, ``trainsup run`` once more);
 after a finished run the same command trains anew, and the old ledger is kept as ``ledger-N.json``.
@@ -28,6 +33,7 @@ import psutil
 
 from ..record.fsutil import atomic_write_text
 from ..record.journal import Journal, read_events
+from ..record.lease import EARLIER_BOOT, HERE, Identity, local_identity, origin
 
 TRAINER_FILE = "trainer.json"
 SAME_START_S = 0.05  # psutil's create_time is rounded; a reused pid starts far later than that
@@ -45,7 +51,8 @@ def record_trainer(run_dir: Path, root_pid: int, attempt: int) -> None:
                 continue
     except psutil.Error:
         return  # gone already: nothing would be left to stop
-    record = {"supervisor_pid": os.getpid(), "attempt": attempt, "pgid": root_pid, "procs": procs}
+    record = {"supervisor_pid": os.getpid(), **local_identity().fields(), "attempt": attempt, "pgid": root_pid,
+              "procs": procs}
     try:
         atomic_write_text(run_dir / TRAINER_FILE, json.dumps(record) + "\n")
     except OSError:
@@ -97,10 +104,11 @@ def _stop(procs: list[psutil.Process], grace_s: float) -> None:
     psutil.wait_procs(alive, timeout=5)
 
 
-def take_over(run_dir: Path, journal: Journal, say: Callable[[str], None], grace_s: float) -> None:
+def take_over(run_dir: Path, journal: Journal, say: Callable[[str], None], grace_s: float,
+              me: Identity | None = None) -> None:
     """Before the run starts: clean up after a supervisor that died mid-attempt, and set the ledger
     of a finished run aside."""
-    recover_lost_run(run_dir, journal, say, grace_s)
+    recover_lost_run(run_dir, journal, say, grace_s, me)
     ledger = run_dir / "ledger.json"
     if ledger.exists() and _previous_run_finished(run_dir):
         n = 1 + sum(1 for _ in run_dir.glob("ledger-*.json"))
@@ -121,7 +129,8 @@ def _previous_run_finished(run_dir: Path) -> bool:
     return ended == "finished"
 
 
-def recover_lost_run(run_dir: Path, journal: Journal, say: Callable[[str], None], grace_s: float) -> int | None:
+def recover_lost_run(run_dir: Path, journal: Journal, say: Callable[[str], None], grace_s: float,
+                     me: Identity | None = None) -> int | None:
     """Clean up after a supervisor that died mid-attempt; the lost attempt's number, or ``None``."""
     path = run_dir / TRAINER_FILE
     try:
@@ -133,7 +142,10 @@ def recover_lost_run(run_dir: Path, journal: Journal, say: Callable[[str], None]
     lost = _unended_attempt(run_dir)
     if record is None and lost is None:
         return None
-    survivors = _survivors(record or {})
+    where = origin(record or {}, me or local_identity())
+    if where != HERE:
+        _not_signalled(record or {}, where, journal, say)
+    survivors = _survivors(record or {}) if where == HERE else []
     if survivors:
         pids = sorted(p.pid for p in survivors)
         say(f"the trainer of a supervisor that died is still running (pids {', '.join(map(str, pids))}): "
@@ -147,6 +159,19 @@ def recover_lost_run(run_dir: Path, journal: Journal, say: Callable[[str], None]
         say(f"attempt {lost} lost its supervisor; resuming from the newest complete state")
     forget_trainer(run_dir)
     return lost
+
+
+def _not_signalled(record: dict[str, Any], where: str, journal: Journal, say: Callable[[str], None]) -> None:
+    pids = sorted(int(p["pid"]) for p in record.get("procs", []) if isinstance(p, dict) and "pid" in p)
+    host = record.get("host")
+    if where == EARLIER_BOOT:
+        say(f"the lost trainer was recorded before this host rebooted (boot {record.get('boot_id')}): "
+            "its processes are gone; not signalling its pids")
+    else:
+        say(f"the lost trainer was recorded on host {host} (pids {', '.join(map(str, pids)) or 'none'}): "
+            "pids there mean nothing here; not signalling them (that host's trainer is that host's to stop)")
+    journal.event("orphan_not_signalled", host=host, boot_id=record.get("boot_id"), pids=pids, why=where,
+                  attempt=record.get("attempt"))
 
 
 def _unended_attempt(run_dir: Path) -> int | None:
