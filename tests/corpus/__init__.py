@@ -36,12 +36,12 @@ class Excerpt:
 
 
 def load(corpus: Path = CORPUS) -> list[Excerpt]:
-    """Every manifest entry, in manifest order; raises ValueError on an entry that is not whole."""
+    """Every manifest entry, in manifest order; raises TypeError or ValueError on a manifest that is not whole."""
     out: list[Excerpt] = []
     for manifest in sorted((corpus / "manifest").glob("*.yaml")):
         doc: Any = yaml.safe_load(manifest.read_text(encoding="utf-8"))
         if not isinstance(doc, list):
-            raise ValueError(f"{manifest.name}: expected a list of entries")
+            raise TypeError(f"{manifest.name}: expected a list of entries")
         for i, e in enumerate(doc, 1):
             missing = [k for k in ("file", "class", "trainer", "forms", "source", "why") if k not in e]
             if missing:
