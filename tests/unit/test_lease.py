@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -117,6 +118,25 @@ def test_a_stale_lease_of_another_host_is_taken_over_and_journaled(tmp_path: Pat
     finally:
         owner.release()
     assert read_lease(tmp_path) is None
+
+
+def test_of_two_hosts_taking_one_stale_lease_at_once_the_one_whose_write_landed_first_refuses(tmp_path: Path) -> None:
+    _write_lease(tmp_path, "host-a", 4242, 90)
+
+    def host_c() -> None:  # another host's claim of the same stale lease, landing just after ours
+        while True:
+            lease = read_lease(tmp_path)
+            if lease is not None and lease.host == "host-b":
+                _write_lease(tmp_path, "host-c", 5353, 0)
+                return
+            time.sleep(0.001)
+
+    racer = threading.Thread(target=host_c)
+    racer.start()
+    with pytest.raises(Refused, match="host host-c \\(pid 5353"):
+        claim(tmp_path, 60, ME)
+    racer.join()
+    assert holder(tmp_path) is None  # the lock went with the refusal
 
 
 def test_this_hosts_lease_under_a_free_lock_is_a_dead_supervisors_and_a_held_lock_refuses(tmp_path: Path) -> None:

@@ -7,7 +7,9 @@ supervisor on another host), then the lock is taken, then the lease is read agai
 refuses the run; so does a lock held here. A lease left behind is taken over, journaled
 (``lease_taken_over`` with the old host, pid, boot id and age): one from another host once older than
 ``lease.stale_s``; one from this host at once, since the lock was free (its supervisor is dead).
-A supervisor that finds its lease taken over while it runs was judged dead (suspended, cut off
+Two hosts taking the same stale lease at once: each writes its lease (atomically: the last rename
+wins) and, after ``SETTLE_S``, reads it back; the one that finds the other's refuses before it
+launches anything. A supervisor that finds its lease taken over while it runs was judged dead (suspended, cut off
 from the storage): it stops its trainer and ends, never two trainers on one output dir.
 """
 
@@ -23,6 +25,8 @@ from pathlib import Path
 from ..record.journal import Journal
 from ..record.lease import HERE, OTHER_HOST, Identity, Lease, LeaseKeeper, local_identity, origin, read_lease
 from ..record.runlock import LockHeld, RunLock, holder
+
+SETTLE_S = 0.3  # after taking another host's lease over: long enough for a racing host's write to land
 
 
 class Refused(RuntimeError):
@@ -93,4 +97,10 @@ def claim(run_dir: Path, stale_s: float, me: Identity | None = None) -> Ownershi
         raise _refusal(run_dir, now, stale_s)
     replaced = now if now is not None and not now.is_mine(me, os.getpid()) else None
     keeper.write()
+    if replaced is not None and origin(asdict(replaced), me) == OTHER_HOST:
+        time.sleep(SETTLE_S)
+        after = read_lease(run_dir)
+        if after is not None and not after.is_mine(me, os.getpid()):  # a racing host's write landed last
+            lock.release()
+            raise _refusal(run_dir, after, stale_s)
     return Ownership(me, lock, keeper, replaced, replaced.age(time.time()) if replaced else 0.0)
