@@ -1,7 +1,9 @@
 """Owns the command line: argument parsing, signal handlers, exit codes. The only place that exits.
 
 Exit codes of ``trainsup run``: 0 training finished; 2 bad usage or policy; 3 gave up after the
-restart budget; 4 stopped on a fault a restart cannot fix; 130/143 stopped by SIGINT/SIGTERM.
+restart budget (or, after a deadline signal, the requeue budget: ``slurm.requeue_budget``); 4 stopped on a
+fault a restart cannot fix; 130/143 stopped by SIGINT/SIGTERM (never requeued); 138 stopped at the
+deadline signal (SIGUSR1 by default; requeued inside a Slurm job; ``slurm.exit_code_after_requeue``).
 ``trainsup diagnose``: 0 every log classified; 2 an input could not be read (or bad options);
 141 its reader went away (``| head``).
 ``trainsup doctor``: 0 no findings; 1 warnings only; 2 blockers (or bad usage).
@@ -18,6 +20,8 @@ directory cannot be used, or another daemon holds it.
 ``trainsup queue``: 0 done; 1 refused (removing or moving a running entry); 2 bad usage, no such
 entry, an invalid project file, or a state directory that cannot be used.
 ``trainsup stop ID`` (a queue entry): 0 stopped, or it was not running; 1 still running.
+``trainsup slurm``: 0 the script written (and submitted); 1 ``--submit``: sbatch missing or failed; 2 bad
+usage, an unknown or invalid project, or a file there that is not an unedited script of ``trainsup slurm``.
 Any verb: 130 interrupted; 70 an internal error, a bug of trainsup's, reported as one line
 (``TRAINSUP_DEBUG=1`` shows the traceback).
 """
@@ -122,6 +126,19 @@ def _parser() -> argparse.ArgumentParser:
     install.add_argument("--user", action="store_true", help="for your user manager (systemctl --user)")
     install.add_argument("--enable", action="store_true", help="run systemctl daemon-reload and enable --now")
     install.add_argument("project", type=Path, metavar="PROJECT_FILE")
+    slurm = sub.add_parser("slurm", help="write (or submit) the sbatch script that runs a project as a Slurm job",
+                           usage="trainsup slurm [--lead S] [--singleton] [--output-script PATH] [--submit] "
+                                 "PROJECT [SBATCH_OPTION...]", allow_abbrev=False,
+                           epilog="Options trainsup does not know are sbatch's, written as #SBATCH lines; give "
+                                  "them after PROJECT, a value joined by '=' (--time=04:00:00).")
+    slurm.add_argument("--lead", type=_count, default=300, metavar="S", help="the deadline signal comes S "
+                       "seconds (to S+30) before the time limit: --signal=B:USR1@S (default 300)")
+    slurm.add_argument("--singleton", action="store_true",
+                       help="--dependency=singleton: one job of this name (and user) runs at a time")
+    slurm.add_argument("--output-script", type=Path, metavar="PATH", help="where the script goes "
+                       "(default ./PROJECT.sbatch); never over a file trainsup slurm did not write")
+    slurm.add_argument("--submit", action="store_true", help="then submit it with sbatch")
+    slurm.add_argument("project", metavar="PROJECT", help="a project name or file, as for run --project")
     demo = sub.add_parser("demo", help="run the built-in demo: four real faults, detected and recovered")
     demo.add_argument("--keep", type=Path, help="keep the demo's files in this directory")
     demo.add_argument("--verbose", action="store_true", help="show the trainer's own output")
@@ -179,7 +196,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, unknown = parser.parse_known_args(argv)
+    if args.verb == "slurm":
+        return _slurm(args, unknown)
+    if unknown:  # as parse_args says it
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.verb == "run":
         return _run(args, argv)
     if args.verb in ("diagnose", "doctor"):
@@ -226,6 +248,17 @@ def _service(args: argparse.Namespace) -> int:
         return run_install(args.project, args.user, args.enable, os.environ, sys.stdout)
     except ServiceError as exc:
         print(f"trainsup service: error: {exc}", file=sys.stderr)
+        return exc.code
+
+
+def _slurm(args: argparse.Namespace, sbatch: list[str]) -> int:
+    from .commands.slurm import ScriptOptions, SlurmError, run_slurm
+
+    try:
+        return run_slurm(args.project, ScriptOptions(args.lead, args.singleton, tuple(sbatch)),
+                         args.output_script, args.submit, sys.stdout)
+    except SlurmError as exc:
+        print(f"trainsup slurm: error: {exc}", file=sys.stderr)
         return exc.code
 
 
@@ -328,6 +361,8 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     supervisor = Supervisor(spec, policy, listeners=listeners_for(policy, os.environ))
     for sig in (signal.SIGINT, signal.SIGTERM):  # the handlers only record: the decision loop acts
         signal.signal(sig, lambda signum, _frame: supervisor.request_stop(signum))
+    signal.signal(supervisor.deadline.signum, supervisor.deadline.signalled)  # Slurm's warning (run.deadline)
+    signal.signal(signal.SIGCONT, lambda _signum, _frame: None)  # Slurm sends it before each signal: nothing
     code = supervisor.run()
     if supervisor.reexec_env is not None:
         # The project's command was edited: a new supervisor on the edited file takes the run over

@@ -1,0 +1,48 @@
+"""Owns the exit-code contract of ``trainsup run`` as a scheduler sees it: each code, what it means,
+and whether running the job again can help. The README's table ("On a Slurm cluster"), the
+Kubernetes example's ``podFailurePolicy`` (``deploy/kubernetes/job.yaml``, checked by a test) and
+the sbatch script's comment are read against these names, so a code is written down once here.
+
+The codes themselves are made where they are decided (the engine's ``decide``, ``cli``); this module
+only names and groups them.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+
+from ..run.decide import EXIT_GAVE_UP, EXIT_STOPPED
+
+__all__ = ["CODES", "FINISHED", "GAVE_UP", "INTERNAL", "NOT_RETRYABLE", "SIGINT", "SIGTERM", "STOPPED_ON_FAULT",
+           "USAGE", "ExitCode"]
+
+FINISHED = 0
+USAGE = 2  # bad usage, policy or project; the run dir is another live supervisor's (lock or lease)
+GAVE_UP = EXIT_GAVE_UP  # the restart budget is spent
+STOPPED_ON_FAULT = EXIT_STOPPED  # a fault a restart cannot fix
+INTERNAL = 70  # EX_SOFTWARE: a bug of trainsup's (cli.EXIT_INTERNAL)
+SIGINT = 128 + signal.SIGINT  # 130
+SIGTERM = 128 + signal.SIGTERM  # 143: scancel, a time limit, a pod's deletion, systemctl stop
+
+
+@dataclass(frozen=True)
+class ExitCode:
+    code: int
+    meaning: str
+    retry_helps: bool  # would the same job, started again, get further?
+
+
+CODES = (
+    ExitCode(FINISHED, "training finished", False),
+    ExitCode(USAGE, "bad usage, policy or project file; or the run dir is owned by another live trainsup "
+             "(its lock, or another host's fresh lease)", False),
+    ExitCode(GAVE_UP, "gave up: the restart budget is spent", False),
+    ExitCode(STOPPED_ON_FAULT, "stopped on a fault a restart cannot fix", False),
+    ExitCode(INTERNAL, "internal error, a bug of trainsup's", True),
+    ExitCode(SIGINT, "stopped by SIGINT", True),
+    ExitCode(SIGTERM, "stopped by SIGTERM", True),
+)
+
+# What a scheduler must never run again as it is: it would end the same way.
+NOT_RETRYABLE = tuple(c.code for c in CODES if c.code != FINISHED and not c.retry_helps)
