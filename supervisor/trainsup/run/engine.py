@@ -32,6 +32,7 @@ from ..trainers.base import Plan, Setup, UsageError, rung_applies
 from ..trainers.registry import open_run
 from . import process
 from .attempt import AttemptHooks, AttemptResult, run_attempt, take_hang_stacks
+from .deadline import Deadline
 from .decide import EXIT_STOPPED, Decision, History, Outcome, decide, record, stops_at_once
 from .gpuguard import GpuGuard
 from .live import LiveControl
@@ -68,6 +69,7 @@ class Supervisor:
         self._states_looked = float("-inf")
         self.rules = compose_rules(policy.rules)  # user rules first; an extended built-in replaced in place
         self._live = {r.id for r in self.rules if r.live}
+        self.deadline = Deadline(policy.slurm, policy.stop_grace_s, clock, os.environ)  # cli's handler tells it
 
     def _compose_rules(self) -> None:
         """The policy's rules first, then the trainer's own, then the built-in table."""
@@ -227,8 +229,8 @@ class Supervisor:
         if r.fault == "fp8_serializer" and r.obs.saving_state_label is not None:
             self.points.mark_failed_save(r.obs.saving_state_label)
         # A state saved proves how far it got (the bar may lag; a step begun after the last one is void).
-        trained = self.points.steps_proven() if r.completed else \
-            max(self._trained(r.obs.progress.step) if r.obs.progress else 0, self.points.steps_proven())
+        bar = max(0, self._absolute(r.obs.progress.step) - self.resume_step) if r.obs.progress else 0
+        trained = self.points.steps_proven() if r.completed else max(bar, self.points.steps_proven())
         self._status(step=self.resume_step + trained)  # progress snapshots are throttled
         self.nan_abs_step = None if r.nan_progress_step is None else self._absolute(r.nan_progress_step)
         if self.nan_abs_step is not None:
@@ -258,6 +260,7 @@ class Supervisor:
         self.child_pid = child.pid
         record_trainer(self.run_dir, child.pid, self.attempt_no)  # for the next supervisor, should we die
         self.gpu.attach(child, self.events)
+        self.deadline.launched()
         self.notifier.ready()  # systemd: started once the first trainer is launched
         return child
 
@@ -279,10 +282,6 @@ class Supervisor:
     def _absolute(self, step: int) -> int:
         """The true step of a step the trainer printed (kohya counts from its resume point)."""
         return step if self.trainer.output.absolute_steps else self.resume_step + step
-
-    def _trained(self, step: int) -> int:
-        """Steps this attempt trained, by a step the trainer printed."""
-        return max(0, self._absolute(step) - self.resume_step)
 
     def _on_evidence(self, evidence: Evidence) -> None:
         if evidence.fault in self._live:
@@ -308,6 +307,7 @@ class Supervisor:
         if obs is not None:
             self._on_summary(obs)
         new = self.points.collect(only)
+        self.deadline.on_states(new)
         if self.points.run_complete:
             self.events.put(("complete", None))
             return
@@ -343,9 +343,7 @@ class Supervisor:
                 self._on_file_changed(payload)
         return True
 
-    def _hand_over(self) -> int:
-        """The project's command was edited and a checkpoint is complete: end this supervisor so the
-        CLI starts a new one on the edited file, which resumes from that checkpoint (``reexec``)."""
+    def _hand_over(self) -> int:  # the command was edited: the CLI execs a new supervisor (``reexec``)
         self.journal.event("supervisor_restart", reason="the project's command changed", attempt=self.attempt_no)
         self.say("the project's command changed: restarting trainsup on the edited file")
         self._close()
@@ -357,6 +355,7 @@ class Supervisor:
         return Decision("signal", 128 + sig, f"stopped by {signal.Signals(sig).name}")
 
     def _end(self, decision: Decision, attempt: int | None = None) -> int:
+        decision = self.deadline.conclude(decision, self.stop_signal, self.journal, self.points, self.say)
         code = decision.exit_code if decision.exit_code is not None else EXIT_STOPPED
         if decision.kind == "finish":
             final = self.points.publish_final()
@@ -384,6 +383,7 @@ class Supervisor:
     def _tick(self) -> None:  # every pass of the decision loop: systemd's watchdog, the lease when due
         self.notifier.tick()
         self.owner.tick(self.say, self.request_stop)
+        self.deadline.tick(self.journal, self.say, self.request_stop)
 
     def _transition(self, new: RunState) -> None:
         self.state = check_transition(self.state, new)

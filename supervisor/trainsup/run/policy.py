@@ -62,6 +62,20 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+DEADLINE_SIGNALS = ("USR1", "USR2", "HUP", "ALRM", "URG", "XCPU")  # never TERM/INT (stop) or CONT
+
+
+@dataclass(frozen=True)
+class SlurmPolicy:
+    """``slurm:``: what the deadline signal means and what follows it (see ``run.deadline``)."""
+
+    deadline_signal: str = "USR1"  # of DEADLINE_SIGNALS, as in `--signal=B:USR1@300`
+    lead_s: float = 300.0  # the signal comes at least this long before the job's end (the @300)
+    requeue: bool = True  # inside a Slurm job: `scontrol requeue $SLURM_JOB_ID` after the stop
+    requeue_budget: int = 3  # requeues in a row without a new complete state; then give up (exit 3)
+    exit_code_after_requeue: int | None = None  # None: 128 + the signal's number (138 for USR1)
+
+
 @dataclass(frozen=True)
 class Policy:
     restart_max: int = 5
@@ -84,6 +98,7 @@ class Policy:
     gpu: GpuPolicy = field(default_factory=GpuPolicy)  # sampling and relaunch waits (see sensors.gpuwatch)
     notify: NotifyPolicy = field(default_factory=NotifyPolicy)  # notifications (see service.alerts)
     metrics: MetricsPolicy = field(default_factory=MetricsPolicy)  # Prometheus (see service.metrics)
+    slurm: SlurmPolicy = field(default_factory=SlurmPolicy)  # the deadline signal (see run.deadline)
     source: str = "<defaults>"
 
     def trainer_settings(self) -> Settings:
@@ -124,6 +139,19 @@ def _choice(*options: str) -> Callable[[Any], str]:
             raise TypeError(" | ".join(options))
         return str(v)
     return conv
+
+
+def _signal_name(v: Any) -> str:
+    name = str(v).upper().removeprefix("SIG") if isinstance(v, str) else ""
+    if name not in DEADLINE_SIGNALS:
+        raise TypeError(f"one of {', '.join(DEADLINE_SIGNALS)}")
+    return name
+
+
+def _exit_code(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 255:
+        raise TypeError("an exit code 0..255")
+    return v
 
 
 def _bool(v: Any) -> bool:
@@ -224,6 +252,13 @@ _SCHEMA: dict[str, dict[str, tuple[str, Callable[[Any], Any]]]] = {
         "rate_limit_s": ("notify.rate_limit_s", _num(0)),
     },
     "metrics": {"listen": ("metrics.listen", _listen), "textfile": ("metrics.textfile", _prom_file)},
+    "slurm": {
+        "deadline_signal": ("slurm.deadline_signal", _signal_name),
+        "lead_s": ("slurm.lead_s", _num(0)),
+        "requeue": ("slurm.requeue", _bool),
+        "requeue_budget": ("slurm.requeue_budget", _int(0)),
+        "exit_code_after_requeue": ("slurm.exit_code_after_requeue", _optional(_exit_code)),
+    },
 }
 _TOP_LEVEL = set(_SCHEMA) | {"rules"}
 
@@ -279,9 +314,10 @@ def parse_policy(text: str, source: str, allow: frozenset[str] = frozenset()) ->
             except TypeError as exc:
                 raise PolicyError(f"{source}:{kline}: {section}.{key}: expected {exc}, got {raw!r}") from None
     nested = {section: {k.removeprefix(f"{section}."): values.pop(k) for k in list(values)
-                        if k.startswith(f"{section}.")} for section in ("hang", "gpu", "notify", "metrics")}
+                        if k.startswith(f"{section}.")} for section in ("hang", "gpu", "notify", "metrics", "slurm")}
     return Policy(source=source, hang=HangPolicy(**nested["hang"]), gpu=GpuPolicy(**nested["gpu"]),
-                  notify=NotifyPolicy(**nested["notify"]), metrics=MetricsPolicy(**nested["metrics"]), **values)
+                  notify=NotifyPolicy(**nested["notify"]), metrics=MetricsPolicy(**nested["metrics"]),
+                  slurm=SlurmPolicy(**nested["slurm"]), **values)
 
 
 def _rules(node: yaml.Node, source: str) -> tuple[Any, ...]:
