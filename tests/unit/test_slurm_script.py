@@ -122,6 +122,8 @@ def test_a_foreign_file_is_never_overwritten(project: Path, tmp_path: Path,
     (["{project}", "--open-mode", "truncate"], "--open-mode is not passed through"),
     (["{project}", "--singleton", "--dependency=afterok:7"], "--singleton beside --dependency"),
     (["{project}", "--lead", "70000"], "--lead 70000: Slurm takes 1 to 65535 seconds"),
+    (["{project}", "--time=5", "stray"], "'stray' is not an sbatch option"),
+    (["{project}", "-p", "gpu", "more"], "'more' is not an sbatch option"),
 ])
 def test_bad_input_is_one_error_line_and_exit_2(args: list[str], says: str, project: Path, tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch,

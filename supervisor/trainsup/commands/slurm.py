@@ -77,12 +77,18 @@ def sbatch_lines(words: Sequence[str]) -> list[list[str]]:
             lines.append([word])
         elif word == "--":
             continue
-        elif not lines:
-            raise SlurmError(f"{word!r} is not an sbatch option; give sbatch options after the project "
-                             "(--time=4:00:00, -p gpu)")
-        else:
+        elif lines and len(lines[-1]) == 1 and _takes_next(lines[-1][0]):
             lines[-1].append(word)
+        else:
+            raise SlurmError(f"{word!r} is not an sbatch option; give sbatch options after the project, one "
+                             "value each (--time=4:00:00, -p gpu)")
     return lines
+
+
+def _takes_next(option: str) -> bool:
+    """Whether the next word may be this option's value: ``--time 4:00:00``, ``-p gpu``; not after
+    ``--time=4:00:00`` or ``-pgpu``."""
+    return "=" not in option if option.startswith("--") else len(option) == 2
 
 
 def _option_name(word: str) -> str:
