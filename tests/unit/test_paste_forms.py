@@ -196,6 +196,33 @@ def test_adapters_judge_cut_tracebacks_by_their_own_frames() -> None:
         assert verdict is not None and verdict.fault == expected
 
 
+def test_a_hint_in_the_code_an_outer_frame_quotes_says_nothing_of_the_exception() -> None:
+    # (issue 22, held-out set) the outer frame passes input_ids2 on; the innermost one, cut, fails elsewhere
+    outer = [*tb(("/sd/train_network.py", "train"), ("/sd/library/strategy_sdxl.py", "_get_hidden_states_sdxl"),
+                 code="pool2 = self._pool_workaround(te2, out, input_ids2, eos_id)"), "            ^^^^^^^^^^^^^^^^^^^"]
+    inner = ['  File "/sd/library/strategy_sdxl.py", line 105, in _pool_workaround',
+             "    pooled = te.text_projection(pooled.to(te.text_projection.weight.dtype))"]
+    assert fault([*outer, *inner, "", "same here with fp8 base ticked"]) is None
+    assert fault([f"> {x}" for x in [*outer, *inner]]) is None  # cut at the end of the paste
+    # the innermost frame's own code still counts, whatever follows it (a bar, a note, the end)
+    assert fault(outer) == "te_cache_none"
+    bar = "steps:  60%|██████    | 1500/2500 [1:31:12<1:00:48,  3.65s/it]"
+    assert fault([bar, *outer, bar]) == "te_cache_none"
+    # and a hint in the message area judges the frames as before
+    assert fault([*outer, *inner, "TypeError: 'NoneType' object is not callable"]) == "te_cache_none"
+
+
+def test_a_hint_in_quoted_code_is_reported_live_once_its_traceback_grew_no_deeper_frame() -> None:
+    from trainsup.faults.scanner import FaultScanner
+
+    scanner = FaultScanner()
+    lines = tb(("/sd/sdxl_train_network.py", "get_text_cond"), code='input_ids2 = batch["input_ids2"].to(dev)')
+    assert [scanner.feed(x, n) for n, x in enumerate(lines, 1)] == [None] * len(lines)
+    settled = scanner.feed("TypeError: 'NoneType' object is not subscriptable", len(lines) + 1)
+    assert settled is not None and settled.fault == "te_cache_none" and settled.framed
+    assert settled.lineno == len(lines)  # the code line that told
+
+
 # --- import-time version requirements --------------------------------------------------------------
 
 REQ = "ImportError: {} is required for a normal functioning of this module, but found {}."
@@ -264,6 +291,35 @@ def test_a_harmless_traceback_followed_by_progress_is_no_failure() -> None:
              "caching: 100%|██████████| 24/24 [00:09<00:00,  2.61it/s]"]
     scan = scan_log(_bytes(lines))
     assert scan.verdict is None and not scan.failed
+
+
+FP8_LORA = "ERROR lora diffusion_model.single_blocks.{}.linear1.weight \"addmm_cuda\" not implemented for 'Float8_e4m3fn'"
+
+
+def _sampler(step: int, total: int = 20, prefix: str = "") -> str:
+    return f"{prefix}{100 * step // total:3d}%|{'#' * step:<20}| {step}/{total} [00:{step:02d}<00:30,  2.98s/it]"
+
+
+def test_evidence_a_sampler_bar_went_on_past_did_not_end_the_run() -> None:
+    # (issue 22, held-out set) ComfyUI logs a failed LoRA patch and samples on to the end
+    errors = [FP8_LORA.format(n) for n in range(30, 33)]
+    went_on = [_sampler(0) + errors[0], *errors[1:], _sampler(7), _sampler(14), _sampler(20), "Prompt executed in 88.41 seconds"]
+    assert fault(went_on) is None
+    assert fault(went_on[:4]) == "fp8_op_unsupported"  # one step on is not yet the run going on
+    scan = scan_log(io.BytesIO(("\r" + _sampler(0) + errors[0] + "\n" + "\n".join(errors[1:]) + "\n"
+                                + "".join("\r" + _sampler(n) for n in range(1, 21)) + "\n").encode()))
+    assert scan.verdict is None and not scan.failed  # a file's redraws read as a terminal shows them: to its end
+
+
+def test_a_bar_ticking_once_more_on_another_rank_does_not_outlive_evidence() -> None:
+    # rank 1 fails; rank 0 finishes the step it was in and blocks in the next collective
+    lines = [_sampler(40, 100, "[rank0]: "), f"[rank1]: {FP8_LORA.format(7)}", _sampler(41, 100, "[rank0]: ")]
+    assert fault(lines) == "fp8_op_unsupported"
+    # a traceback's exception line, and a NaN loss, are never outlived by a bar other than the trainer's
+    exc = [*tb(("/sd/train_network.py", "train")), "RuntimeError: CUDA error: an illegal memory access"]
+    assert fault([_sampler(3), *exc, _sampler(4), _sampler(5), _sampler(20)]) == "cuda_fatal"
+    nan = "steps:  10%|█         | 100/1000 [01:40<15:00,  1.00s/it, avr_loss=nan]"
+    assert fault([_sampler(3), nan, _sampler(4), _sampler(5), _sampler(20)]) == "nan_loss"
 
 
 def _bytes(lines: list[str]) -> io.BytesIO:

@@ -7,8 +7,11 @@ a failure in ``save_state``/``save_file`` with a float8 dtype in sight is the ol
 
 A rule says so with ``FaultRule.cut_frames`` (regexes over ``"<file basename> <function>"``, as
 the scanner records frames) and ``cut_hints``: wording that must be in sight, a few lines before
-or after the frames (a message, or the code a frame quotes); a rule without hints is judged by its
-frames alone.  ``judge`` looks at the frames innermost first: a frame in ``frames_exclude``
+or after the frames (a message, or the code the innermost frame quotes); a rule without hints is judged
+by its frames alone.  The code an outer frame quotes describes that frame's call, never the exception
+(``_get_hidden_states_sdxl`` passes ``input_ids2`` on to ``_pool_workaround``, which failed): a hint
+there is *pending* until the traceback shows no deeper frame (the scanner settles it), and it never
+confirms the frames that follow.  ``judge`` looks at the frames innermost first: a frame in ``frames_exclude``
 refutes (a ``None`` in a dataset or a model loader is a different bug), a required one confirms.
 The scanner ranks what these find below a traceback's own exception line (see ``scanner``): a
 real exception line, when there is one, names the fault better than the frames around it.
@@ -25,10 +28,12 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from .verdict import Evidence
+
 if TYPE_CHECKING:
     from .rules import FaultRule
 
-__all__ = ["LOADER_FRAMES", "SAMPLING_FRAMES", "CutRule", "FrameJudge", "cut_rules", "is_launcher", "judge"]
+__all__ = ["LOADER_FRAMES", "SAMPLING_FRAMES", "CutRule", "FrameJudge", "cut_rules", "framed", "is_launcher", "judge"]
 
 # The trainer's sampling and text-encoding functions (sd-scripts, its Flux/SD3 strategies, fluxgym's and
 # ComfyUI's copies): a None there is a prompt without a cached text-encoder output.
@@ -86,10 +91,21 @@ class FrameJudge:
         self._rules = rules
         self._bare = tuple(r for r in rules if r.hint is None)  # judged by their frames alone
         self._hints: deque[tuple[int, int, str, str]] = deque(maxlen=16)  # (lineno, rule, rank, raw)
+        self.pending: tuple[Found, str] | None = None  # judged by a hint in quoted code, and its rank
 
     def hint(self, j: int, lineno: int, rank: str, raw: str,
-             frames_by_rank: Mapping[str, tuple[int, list[str]]]) -> Found | None:
-        """Rule ``j``'s hint on a line: remember it, and judge the newest frames before it (its rank's first)."""
+             frames_by_rank: Mapping[str, tuple[int, list[str]]], code: bool = False) -> Found | None:
+        """Rule ``j``'s hint on a line: remember it, and judge the newest frames before it (its rank's first).
+
+        A hint in the code a frame quotes (``code``) judges its rank's frames as they stand, and only
+        as ``pending``: a deeper frame after it withdraws it (see ``frame``)."""
+        if code:
+            frames = frames_by_rank.get(rank, (0, []))[1]
+            rule = self._rules[j]
+            first = self.pending is None or self.pending[0][2] != lineno  # (the first rule of a line wins)
+            if first and frames and judge(frames, rule.require, rule.exclude):
+                self.pending = ((rule, raw, lineno), rank)
+            return None
         self._hints.append((lineno, j, rank, raw))
         near = [(r, f) for r, f in frames_by_rank.items() if f[1] and lineno - f[0] <= HINT_AFTER]
         if not near:
@@ -100,6 +116,8 @@ class FrameJudge:
 
     def frame(self, frames: list[str], rank: str, lineno: int, raw: str) -> Found | None:
         """A traceback grew a frame: judge it by the hints seen shortly before (its rank's first)."""
+        if self.pending is not None and self.pending[1] == rank:
+            self.pending = None  # the code it was seen in was an outer frame's
         for rule in self._bare:
             if judge(frames, rule.require, rule.exclude):
                 return rule, raw, lineno
@@ -112,3 +130,11 @@ class FrameJudge:
             if judge(frames, rule.require, rule.exclude):
                 return rule, hint_raw, hint_line
         return None
+
+
+def framed(found: Found | None) -> Evidence | None:
+    """The evidence of a traceback a cut rule judged by its frames."""
+    if found is None:
+        return None
+    rule, line, lineno = found
+    return Evidence(rule.id, line, lineno, "root", framed=True, explanation=rule.explanation)

@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["Key", "KeyIndex", "is_folded", "pattern_keys"]
+__all__ = ["Key", "KeyIndex", "is_cut", "is_folded", "pattern_keys"]
 
 
 def _sre_parser() -> Any:
@@ -55,6 +55,18 @@ def is_folded(row: str) -> bool:
     starts a fresh row, so each of its pieces fills a row without any space.
     """
     return len(row) >= _FOLD_MIN and " " not in row
+
+
+# A terminal's (or a console copy's) hard wrap cuts a row at its width, mid-word.
+_TERM_WIDTHS = frozenset({80, 100, 120, 160})
+
+
+def is_cut(row: tuple[str, str, int]) -> bool:
+    """Whether a remembered row (text, raw, lineno) may end in a word cut in two: rich folded it, or a
+    terminal hard-wrapped it (the row is as wide as a terminal, ends in a letter or digit, and no source
+    column was dropped)."""
+    text, raw = row[0], row[1]
+    return is_folded(text) or (len(raw) in _TERM_WIDTHS and raw[-1:].isalnum() and raw.endswith(text))
 
 
 def _no_match(_text: str) -> re.Match[str] | None:

@@ -19,7 +19,8 @@ ended the run, in this order of preference:
 Evidence followed by a trained step (the ``steps`` bar moved past where it was) did
 not end the run and is dropped, whatever it mentions; live evidence stays (``verdict.Held``
 keeps the candidates; the first bar after a traceback may be tqdm's closing redraw, so
-only a bar past it counts).  A message rich or a terminal wrapped is read across its
+only a bar past it counts).  Any other tqdm bar that went on past evidence (rose twice, or
+to its end) drops it too, except a traceback's and a NaN loss (see ``verdict``).  A message rich or a terminal wrapped is read across its
 rows: a later row may name a more specific fault than the first one did.  ``classify_exit``
 combines the verdict with the exit status: a run that exits 0 with kohya's success
 marker has finished, whatever it printed on the way.
@@ -38,9 +39,10 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 
 from .exits import SIGNAL_LINE, STATUS_LINE, TORCHRUN_LINE, ExitInfo, classify_exit, parse_child_status
-from .frames import Found, FrameJudge, cut_rules, is_launcher
+from .frames import FrameJudge, cut_rules, is_launcher
+from .frames import framed as _framed
 from .keys import KeyIndex
-from .keys import is_folded as _folded
+from .keys import is_cut as _cut
 from .linetext import bar_tail, clean_line, rank_tag, starts_record, strip_ansi
 from .rules import BUILTIN_RULES, IGNORED_LINE_PATTERNS, FaultRule
 from .userrules import compose_rules, load_user_rules
@@ -119,6 +121,9 @@ class FaultScanner:
     @property
     def verdict(self) -> Evidence | None:
         """What ended the run, so far (see the module doc for the order of preference)."""
+        if self._judge.pending is not None:
+            self._record(_framed(self._judge.pending[0]))  # the traceback ended at that frame
+            self._judge.pending = None
         return self._held.verdict
 
     def note_bar(self, line: str) -> None:
@@ -143,6 +148,25 @@ class FaultScanner:
 
     def feed(self, raw_line: str, lineno: int) -> Evidence | None:
         """Scan one output line; return Evidence when it is the first for its fault."""
+        if self._judge.pending is None:
+            return self._feed(raw_line, lineno)
+        settled = self._settle(raw_line, lineno)
+        return self._feed(raw_line, lineno) or settled
+
+    def _settle(self, raw: str, lineno: int) -> Evidence | None:
+        """Record what a hint in quoted code judged once its traceback shows no deeper frame: at the
+        next line of its rank that is not a frame, a caret row or more code (any line, once stale)."""
+        assert self._judge.pending is not None
+        found, rank = self._judge.pending
+        text = clean_line(raw)
+        if lineno - found[2] <= _FRAME_STALE_LINES and (
+                rank_tag(raw) != rank or not text.strip("^~ ") or _FRAME.match(text) is not None
+                or self._is_source_line(raw, text, lineno)):
+            return None
+        self._judge.pending = None
+        return self._record(_framed(found))
+
+    def _feed(self, raw_line: str, lineno: int) -> Evidence | None:
         known = self._known.get(raw_line)
         if known is None:
             known = self._prepare(raw_line)
@@ -173,6 +197,7 @@ class FaultScanner:
         if "%|" in text:
             if "steps:" in text:
                 self._held.bar = text
+            self._held.draw(text)
             tail = bar_tail(text)
         ev, structural = self._scan(text, raw_line, lineno) if hit else (None, False)
         if rows and ev is None and not structural and tail is None and len(text) <= _MAX_ROW:
@@ -230,11 +255,12 @@ class FaultScanner:
                 return _framed(framed), True
             elif owner == _ST and (status := parse_child_status(text)) is not None:
                 self._child = status
-        # A frame rule's hint counts in the code a frame quotes too (``te_outputs[prompt]``).
+        # A frame rule's hint counts in the code the innermost frame quotes too (``te_outputs[prompt]``).
+        source = self._is_source_line(raw, text, lineno)
         hinted = None
         if candidates and self._owner[candidates[-1]] <= _HINT:
-            hinted = self._note_hints(text, raw, lineno, candidates)
-        if self._is_source_line(raw, text, lineno):
+            hinted = self._note_hints(text, raw, lineno, candidates, source)
+        if source:
             return hinted, True  # a traceback quoting code; its exception line follows
         # A launcher's report of its child quotes the child's argv: only its weak wording (the child's
         # fate, a SIGKILL) is evidence there.
@@ -249,13 +275,13 @@ class FaultScanner:
         frames = self._frames_in_sight(raw, lineno)
         return frames is not None and is_launcher(frames)
 
-    def _note_hints(self, text: str, raw: str, lineno: int, candidates: list[int]) -> Evidence | None:
+    def _note_hints(self, text: str, raw: str, lineno: int, candidates: list[int], code: bool) -> Evidence | None:
         """Remember the frame rules' hints on this line; judge the frames in sight by them."""
         rank = rank_tag(raw)
         for k in candidates:
             j = _HINT - self._owner[k]
             if j >= 0 and self._patterns[k].search(text) is not None:
-                framed = self._judge.hint(j, lineno, rank, raw, self._frames)
+                framed = self._judge.hint(j, lineno, rank, raw, self._frames, code)
                 if framed is not None:
                     return _framed(framed)
         return None
@@ -360,25 +386,6 @@ class FaultScanner:
             return None
         self._seen[ev.fault] = ev
         return ev
-
-
-# A terminal's (or a console copy's) hard wrap cuts a row at its width, mid-word.
-_TERM_WIDTHS = frozenset({80, 100, 120, 160})
-
-
-def _cut(row: tuple[str, str, int]) -> bool:
-    """Whether a remembered row may end in a word cut in two: rich folded it, or a terminal hard-wrapped
-    it (the row is as wide as a terminal, ends in a letter or digit, and no source column was dropped)."""
-    text, raw = row[0], row[1]
-    return _folded(text) or (len(raw) in _TERM_WIDTHS and raw[-1:].isalnum() and raw.endswith(text))
-
-
-def _framed(found: Found | None) -> Evidence | None:
-    """The evidence of a traceback a cut rule judged by its frames."""
-    if found is None:
-        return None
-    rule, line, lineno = found
-    return Evidence(rule.id, line, lineno, "root", framed=True, explanation=rule.explanation)
 
 
 def classify_text(lines: Iterable[str], rules: Sequence[FaultRule] = BUILTIN_RULES) -> Evidence | None:

@@ -5,10 +5,16 @@ why): ``anchored`` (a traceback's exception line, the first), ``framed`` (a trac
 frames, the first), ``live`` (NaN loss), ``last`` (any other evidence, the newest).  Each
 remembers the training bar that was newest when it was seen: evidence that the bar moved past did
 not end the run and is dropped (live evidence stays).
+
+Any other tqdm bar (a sampler's, a GUI's) tells the same of ``last`` evidence only, and only when it
+rose twice after it, or to its end from below: a rank that died while another rank's bar ticked once
+more, before it blocked in the next collective, still ended the run; a traceback's exception line and
+a traceback judged by its frames are never dropped by these bars, and a NaN loss never is.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -17,6 +23,8 @@ from .matchers import parse_progress
 __all__ = ["Evidence", "Held"]
 
 _PREFERENCE = ("anchored", "framed", "live", "last")
+# Any tqdm bar: "desc: 35%|███     | 7/20 [00:21<00:38, ...": its desc, step and total (the last one on a line).
+_TQDM = re.compile(r"([^\]|%]{0,40}?)\s*\d+%\|[^|]*\|\s*(\d+)/(\d+)")
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,9 @@ class Held:
         self._priority = priority
         self._held: dict[str, tuple[Evidence, str | None]] = {}
         self.bar: str | None = None  # the newest ``steps`` bar seen
+        self._drawn: str | None = None  # the newest bar of any kind seen
+        # Since the held ``last`` evidence: each bar's (desc, total) -> (highest step, times it rose).
+        self._rises: dict[tuple[str, int], tuple[int, int]] | None = None
 
     @property
     def verdict(self) -> Evidence | None:
@@ -54,8 +65,32 @@ class Held:
 
     def note_bar(self, line: str) -> None:
         self.bar = line
+        self.draw(line)
         if self._held:
             self.drop_outlived()
+
+    def draw(self, line: str) -> None:
+        """Any tqdm bar seen (the trainer's ``steps`` bar too): drop ``last`` evidence it outlived."""
+        self._drawn = line
+        rises = self._rises
+        if rises is None:
+            return
+        if "last" not in self._held:  # (the trainer's bar dropped it first)
+            self._rises = None
+            return
+        bar = _tqdm(line)
+        if bar is None:
+            return
+        key, step = bar
+        seen = rises.get(key)
+        if seen is None:
+            rises[key] = (step, 0)  # first drawn after the evidence: where it stood
+        elif step > seen[0]:
+            if seen[1] >= 1 or step == key[1] >= 2:
+                self._held.pop("last", None)  # it went on: that evidence did not end the run
+                self._rises = None
+            else:
+                rises[key] = (step, 1)
 
     def record(self, ev: Evidence) -> Evidence:
         """Hold ``ev`` where it belongs; returns it as held (marked live for a live fault)."""
@@ -74,6 +109,9 @@ class Held:
         held = self._held.get(kind)
         if held is None or kind == "last":
             self._held[kind] = (ev, self.bar)
+        if kind == "last":
+            bar = _tqdm(self._drawn) if self._drawn is not None else None
+            self._rises = {} if bar is None else {bar[0]: (bar[1], 0)}
         return ev
 
     def drop_outlived(self) -> None:
@@ -90,6 +128,16 @@ class Held:
                 self._held[kind] = (ev, bar)
             elif now > _bar_step(then):
                 del self._held[kind]
+
+
+def _tqdm(line: str) -> tuple[tuple[str, int], int] | None:
+    """A tqdm bar's identity (its desc and total) and step; None for a line that is not one."""
+    last = None
+    for last in _TQDM.finditer(line):
+        pass
+    if last is None:
+        return None
+    return (last.group(1).strip(), int(last.group(3))), int(last.group(2))
 
 
 def _bar_step(bar: str | None) -> int:
