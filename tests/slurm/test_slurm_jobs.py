@@ -26,7 +26,7 @@ POLICY = "stop:\n  grace_s: 5\nbackoff:\n  initial_s: 1\n  max_s: 2\n"
 
 
 def submit(tmp: Path, slurm: dict[str, str], argv: list[str], policy: str = POLICY,
-           env: dict[str, str] | None = None) -> tuple[str, Path]:
+           env: dict[str, str] | None = None, lead: int = 300, time_limit: str = "") -> tuple[str, Path]:
     """Write an sbatch script for ``trainsup run -- argv`` and submit it; the job id and its log."""
     (tmp / "policy.yaml").write_text(policy)
     log = tmp / "slurm.log"
@@ -36,8 +36,8 @@ def submit(tmp: Path, slurm: dict[str, str], argv: list[str], policy: str = POLI
 #SBATCH --job-name=trainsup-test
 #SBATCH --requeue
 #SBATCH --open-mode=append
-#SBATCH --signal=B:USR1@300
-#SBATCH --output={log}
+#SBATCH --signal=B:USR1@{lead}
+#SBATCH --output={log}{time_limit and f"{chr(10)}#SBATCH --time={time_limit}"}
 #SBATCH --chdir={ROOT}
 echo "slurm_restart_count=${{SLURM_RESTART_COUNT:-unset}}"
 exec {TRAINSUP} run --quiet --policy {tmp / 'policy.yaml'} -- {quoted}
@@ -163,3 +163,24 @@ def test_requeue_budget_spent_without_progress_fails_with_exit_3(
     assert (j["JobState"], j["ExitCode"], j["Restarts"]) == ("FAILED", "3:0", "1"), log.read_text()[-3000:]
     assert len(of(out, "requeued")) == 1 and of(out, "requeue_budget_spent")[0]["restart_count"] == "1"
     assert all(e["wait_for_save"] is False for e in of(out, "deadline"))
+
+
+def test_the_real_signal_before_a_time_limit_reaches_trainsup_and_requeues(
+        slurm: dict[str, str], assets: dict[str, Path], tmp_path: Path) -> None:
+    """`--time=1 --signal=B:USR1@55`: slurmctld sends USR1 at its first look (it looks every 30 s), to
+    trainsup through `exec`; trainsup stops after a save and requeues. Cancelled once requeued."""
+    out = tmp_path / "out"
+    jid, log = submit(tmp_path, slurm, demo_argv("train_network", assets, out, steps=400),
+                      policy=POLICY + "slurm:\n  lead_s: 55\n", env=clean_env(TRAINSUP_DEMO_STEP_SECONDS="0.25"),
+                      lead=55, time_limit="1")
+    try:
+        wait_for("the requeue", lambda: of(out, "requeued"), 90)
+        deadline = of(out, "deadline")[0]
+        assert deadline["signal"] == "SIGUSR1" and deadline["wait_for_save"] is True, deadline
+        started = of(out, "run_start")[0]["ts"]
+        assert deadline["ts"] - started < 35  # the signal came at slurmctld's first look
+        assert of(out, "requeued")[0]["state_step"] == max(e["step"] for e in of(out, "state_saved"))
+        wait_for("the second run", lambda: "slurm_restart_count=1" in log.read_text(), 60)
+    finally:
+        subprocess.run(["scancel", jid], env=slurm, timeout=30, check=False)
+    assert ended(slurm, jid, timeout=60)["Restarts"] == "1"
