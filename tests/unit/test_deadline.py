@@ -65,16 +65,16 @@ def test_waits_for_the_next_save_when_it_is_due_before_the_deadline(tmp_path: Pa
     assert d.interval == 30
     clock.now += 5
     d.signalled()
-    d.tick(journal, lambda _m: None, stops.append)
+    d.tick(journal, lambda _m: None, stops.append, None)
     assert not stops and d.wait_until == pytest.approx(clock.now + 100 - 5 - MARGIN_S)
     clock.now += 20
-    d.tick(journal, lambda _m: None, stops.append)
+    d.tick(journal, lambda _m: None, stops.append, None)
     assert not stops
     d.on_states([state(12)])
-    d.tick(journal, lambda _m: None, stops.append)
+    d.tick(journal, lambda _m: None, stops.append, None)
     assert stops == [signal.SIGUSR1]
     d.signalled()  # again: nothing more
-    d.tick(journal, lambda _m: None, stops.append)
+    d.tick(journal, lambda _m: None, stops.append, None)
     assert stops == [signal.SIGUSR1]
     assert [e["wait_for_save"] for e in read_events(tmp_path) if e["event"] == "deadline"] == [True]
 
@@ -83,14 +83,14 @@ def test_stops_now_when_no_save_can_be_complete_in_time_or_none_was_measured(tmp
     d, clock, journal = make(tmp_path, lead_s=60)
     stops: list[int] = []
     d.signalled()  # nothing measured yet
-    d.tick(journal, lambda _m: None, stops.append)
+    d.tick(journal, lambda _m: None, stops.append, None)
     assert stops == [signal.SIGUSR1]
     d, clock, journal = make(tmp_path, lead_s=60)
     d.launched()
     clock.now += 50  # a save every 50 s; 60 - 5 grace - 10 margin leaves 45
     d.on_states([state(4)])
     d.signalled()
-    d.tick(journal, lambda _m: None, stops.append)
+    d.tick(journal, lambda _m: None, stops.append, None)
     assert stops == [signal.SIGUSR1] * 2
 
 
@@ -101,12 +101,12 @@ def test_the_save_not_coming_in_time_stops_at_the_latest_moment(tmp_path: Path) 
     clock.now += 10
     d.on_states([state(4)])
     d.signalled()
-    d.tick(journal, lambda _m: None, stops.append)
+    d.tick(journal, lambda _m: None, stops.append, None)
     clock.now += 100 - 5 - MARGIN_S - 0.1
-    d.tick(journal, lambda _m: None, stops.append)
+    d.tick(journal, lambda _m: None, stops.append, None)
     assert not stops
     clock.now += 0.2
-    d.tick(journal, lambda _m: None, stops.append)
+    d.tick(journal, lambda _m: None, stops.append, None)
     assert stops == [signal.SIGUSR1]
 
 
@@ -152,3 +152,11 @@ def test_a_failed_requeue_is_said_and_the_stop_keeps_its_code(tmp_path: Path,
     end = d.conclude(Decision("signal", 138, ""), signal.SIGUSR1, journal, Points(None), said.append)  # type: ignore[arg-type]
     assert end.exit_code == 138 and "scontrol requeue 7 failed: exit 1: scontrol: error: nope" in end.reason
     assert said == ["error: scontrol requeue 7 failed: exit 1: scontrol: error: nope"]
+
+
+def test_a_stop_already_asked_for_is_never_turned_into_a_deadline_stop(tmp_path: Path) -> None:
+    d, _clock, journal = make(tmp_path)
+    stops: list[int] = []
+    d.signalled()
+    d.tick(journal, lambda _m: None, stops.append, signal.SIGTERM)  # SIGTERM came first: it stays
+    assert not stops and not read_events(tmp_path)

@@ -75,8 +75,10 @@ class Deadline:
         self.last_state_at = now
         self.saved = self.wait_until is not None
 
-    def tick(self, journal: Journal, say: Callable[[str], None], request_stop: Callable[[int], None]) -> None:
-        if self.received_at is None or self.acted:
+    def tick(self, journal: Journal, say: Callable[[str], None], request_stop: Callable[[int], None],
+             stop_signal: int | None) -> None:
+        """Acts on a recorded signal; never when a stop was asked for already (SIGTERM stays SIGTERM)."""
+        if self.received_at is None or self.acted or stop_signal is not None:
             return
         now = self.clock()
         name = self.signum.name

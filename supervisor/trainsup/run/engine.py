@@ -383,7 +383,7 @@ class Supervisor:
     def _tick(self) -> None:  # every pass of the decision loop: systemd's watchdog, the lease when due
         self.notifier.tick()
         self.owner.tick(self.say, self.request_stop)
-        self.deadline.tick(self.journal, self.say, self.request_stop)
+        self.deadline.tick(self.journal, self.say, self.request_stop, self.stop_signal)
 
     def _transition(self, new: RunState) -> None:
         self.state = check_transition(self.state, new)
