@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from ..run.decide import EXIT_GAVE_UP, EXIT_STOPPED
 
-__all__ = ["CODES", "FINISHED", "GAVE_UP", "INTERNAL", "NOT_RETRYABLE", "SIGINT", "SIGTERM", "STOPPED_ON_FAULT",
-           "USAGE", "ExitCode"]
+__all__ = ["CODES", "DEADLINE", "FINISHED", "GAVE_UP", "INTERNAL", "NOT_RETRYABLE", "SIGINT", "SIGTERM",
+           "STOPPED_ON_FAULT", "USAGE", "ExitCode"]
 
 FINISHED = 0
 USAGE = 2  # bad usage, policy or project; the run dir is another live supervisor's (lock or lease)
@@ -23,6 +23,7 @@ GAVE_UP = EXIT_GAVE_UP  # the restart budget is spent
 STOPPED_ON_FAULT = EXIT_STOPPED  # a fault a restart cannot fix
 INTERNAL = 70  # EX_SOFTWARE: a bug of trainsup's (cli.EXIT_INTERNAL)
 SIGINT = 128 + signal.SIGINT  # 130
+DEADLINE = 128 + signal.SIGUSR1  # 138: stopped at the deadline signal (policy slurm.exit_code_after_requeue)
 SIGTERM = 128 + signal.SIGTERM  # 143: scancel, a time limit, a pod's deletion, systemctl stop
 
 
@@ -41,6 +42,8 @@ CODES = (
     ExitCode(STOPPED_ON_FAULT, "stopped on a fault a restart cannot fix", False),
     ExitCode(INTERNAL, "internal error, a bug of trainsup's", True),
     ExitCode(SIGINT, "stopped by SIGINT", True),
+    ExitCode(DEADLINE, "stopped at the deadline signal (SIGUSR1) at a complete state, requeued where Slurm "
+             "runs it", True),
     ExitCode(SIGTERM, "stopped by SIGTERM", True),
 )
 
