@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 from safetensors.numpy import load_file
 
 from tests.conftest import ROOT, kept_after_move, trainsup_cmd
@@ -146,3 +147,15 @@ def copy_state(src_out: Path, dst_out: Path, step: int) -> Path:
 def finished_attempt(run: SupervisedRun) -> dict[str, Any]:
     last = run.of("attempt_start")[-1]
     return last
+
+
+def alive_pids(pids: list[int]) -> list[int]:
+    """The pids of ``pids`` whose processes still run (a zombie has ended)."""
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.Error:
+            continue
+    return out

@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 
 from tests.conftest import trainsup_cmd, wait_until
-from tests.e2e.demo_harness import clean_env, demo_argv
+from tests.e2e.demo_harness import alive_pids, clean_env, demo_argv
 from trainsup.record.journal import read_events
 from trainsup.record.lease import read_lease
 
@@ -49,19 +49,8 @@ def _events(run_dir: Path, kind: str) -> list[dict[str, Any]]:
         return []
 
 
-def _alive(pids: list[int]) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.Error:
-            continue
-    return out
-
-
 def _kill(pids: list[int]) -> None:
-    for pid in _alive(pids):
+    for pid in alive_pids(pids):
         os.kill(pid, signal.SIGKILL)
 
 
@@ -85,7 +74,7 @@ def test_a_second_host_refuses_a_live_owner_then_takes_a_stale_lease_over_withou
         assert err.startswith(f"trainsup: error: {run_dir} is owned by a live trainsup on host host-a "
                               f"(pid {first.pid}, lease renewed ")
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
-        assert first.poll() is None and _alive(trainer) == trainer
+        assert first.poll() is None and alive_pids(trainer) == trainer
 
         first.send_signal(signal.SIGKILL)  # host-a's supervisor dies; its silent trainer lives on
         first.communicate(timeout=30)
@@ -104,7 +93,7 @@ def test_a_second_host_refuses_a_live_owner_then_takes_a_stale_lease_over_withou
         (left,) = _events(run_dir, "orphan_not_signalled")
         assert left["host"] == "host-a" and left["why"] == "other_host" and set(trainer) <= set(left["pids"])
         assert not _events(run_dir, "orphan_stopped")
-        assert _alive(trainer) == trainer  # host-a's pids were never signalled
+        assert alive_pids(trainer) == trainer  # host-a's pids were never signalled
         (lost,) = [e for e in _events(run_dir, "attempt_end") if e.get("supervisor_lost")]
         assert lost["attempt"] == 1
         now = read_lease(run_dir)
@@ -113,7 +102,7 @@ def test_a_second_host_refuses_a_live_owner_then_takes_a_stale_lease_over_withou
         _, err = third.communicate(timeout=60)
         assert third.returncode == 143, err[-2000:]
         assert "recorded on host host-a" in err and read_lease(run_dir) is None  # released at its end
-        assert _alive(trainer) == trainer
+        assert alive_pids(trainer) == trainer
     finally:
         for proc in (first, third):
             if proc is not None and proc.poll() is None:
@@ -171,7 +160,7 @@ def test_a_supervisor_whose_lease_another_host_took_over_stops_its_trainer(tmp_p
         _, err = sup.communicate(timeout=30)
         assert sup.returncode == 143, err[-2000:]
         assert "the run was taken over by host host-b (pid 7" in err
-        assert not _alive(trainer)  # its own trainer: stopped, never two on one output dir
+        assert not alive_pids(trainer)  # its own trainer: stopped, never two on one output dir
         assert json.loads((run_dir / "lease.json").read_text())["host"] == "host-b"  # not removed: not its own
     finally:
         if sup.poll() is None:

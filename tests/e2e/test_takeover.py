@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from tests.conftest import trainsup_cmd, wait_until
-from tests.e2e.demo_harness import assert_same_weights, clean_env, demo_argv, run_plain
+from tests.e2e.demo_harness import alive_pids, assert_same_weights, clean_env, demo_argv, run_plain
 from trainsup.record.journal import read_events
 from trainsup.record.runlock import holder
 
@@ -48,17 +48,6 @@ def _events(tmp_path: Path, kind: str) -> list[dict[str, Any]]:
 
 def _trainer_pids(supervisor_pid: int) -> list[int]:
     return [p.pid for p in psutil.Process(supervisor_pid).children(recursive=True)]
-
-
-def _alive(pids: list[int]) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.Error:
-            continue
-    return out
 
 
 @pytest.fixture
@@ -94,7 +83,7 @@ def test_a_killed_supervisors_trainer_dies_at_its_next_write_and_the_run_resumes
     first.communicate(timeout=30)
     killed = time.monotonic()
     # Outside systemd nothing kills the orphan but its own next write to the closed pipe: one step.
-    wait_until(lambda: not _alive(trainer), 10, what="the orphaned trainer to die")
+    wait_until(lambda: not alive_pids(trainer), 10, what="the orphaned trainer to die")
     assert time.monotonic() - killed < 3  # the README's bound: the trainer's next output line
     second = _start(tmp_path, "--project", "demo")
     _, err = second.communicate(timeout=240)
@@ -118,14 +107,14 @@ def test_a_silent_trainer_left_by_a_killed_supervisor_is_stopped_before_anything
     first.send_signal(signal.SIGKILL)
     first.communicate(timeout=30)
     time.sleep(1)
-    assert _alive(trainer), "the silent trainer should have outlived its supervisor"
+    assert alive_pids(trainer), "the silent trainer should have outlived its supervisor"
     second = _start(tmp_path, "--project", "demo")
     try:
         wait_until(lambda: _events(tmp_path, "attempt_start")[1:], 60, what="the second supervisor's launch")
-        assert not _alive(trainer)  # stopped before the new trainer started: never two on one output dir
+        assert not alive_pids(trainer)  # stopped before the new trainer started: never two on one output dir
         _, err = second.communicate(timeout=240)
     finally:
-        for pid in _alive(trainer):
+        for pid in alive_pids(trainer):
             os.kill(pid, signal.SIGKILL)
     assert second.returncode == 0, err[-2000:]
     (stopped,) = _events(tmp_path, "orphan_stopped")
