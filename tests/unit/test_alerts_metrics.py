@@ -411,3 +411,13 @@ def test_the_endpoint_serves_scrapes_and_a_port_in_use_is_one_warning(tmp_path: 
     endpoint = start_listener(f"127.0.0.1:{port}", registry_for(list))
     endpoint.close()
     assert scrape((tmp_path / "m.prom").read_text())[("trainsup_attempts_total", (("project", "mylora"),))] == 3
+
+
+def test_a_journal_record_cut_short_is_left_out_not_a_crash(tmp_path: Path) -> None:
+    """A reader may see half of the record being written, and a supervisor killed mid-write leaves
+    one behind that later records follow: both are left out, every whole record is read."""
+    whole = ['{"event": "run_start"}', '{"event": "attempt_start", "attempt": 1}']
+    (tmp_path / "events.jsonl").write_text(whole[0] + '\n{"event": "attempt_end", "argv": ["/venv/bi\n'
+                                           + whole[1] + '\n{"event": "state_saved", "dir": "/out/ti',
+                                           encoding="utf-8")
+    assert [e["event"] for e in read_events(tmp_path)] == ["run_start", "attempt_start"]

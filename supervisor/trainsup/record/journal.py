@@ -123,8 +123,21 @@ class Journal:
 
 
 def read_events(run_dir: Path) -> list[dict[str, Any]]:
+    """The journal's records, oldest first. A record cut short is left out: the last line while its
+    supervisor is writing it (a reader can see half a write), or one a supervisor killed mid-write
+    left behind, which the next records follow."""
     path = run_dir / "events.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    events = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            events.append(record)
+    return events
 
