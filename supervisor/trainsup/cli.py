@@ -20,6 +20,8 @@ directory cannot be used, or another daemon holds it.
 ``trainsup queue``: 0 done; 1 refused (removing or moving a running entry); 2 bad usage, no such
 entry, an invalid project file, or a state directory that cannot be used.
 ``trainsup stop ID`` (a queue entry): 0 stopped, or it was not running; 1 still running.
+``trainsup web``: 0 stopped by SIGTERM/SIGINT; 2 bad usage, an address that cannot be listened on, or a
+token file that cannot be kept.
 ``trainsup slurm``: 0 the script written (and submitted); 1 ``--submit``: sbatch missing or failed; 2 bad
 usage, an unknown or invalid project, or a file there that is not an unedited script of ``trainsup slurm``.
 Any verb: 130 interrupted; 70 an internal error, a bug of trainsup's, reported as one line
@@ -94,6 +96,15 @@ def _parser() -> argparse.ArgumentParser:
                        help="a GPU with less free memory than this gets no entry (default 2048)")
     serve.add_argument("--policy", type=Path, metavar="FILE",
                        help="YAML whose notify: and metrics: sections the daemon uses (see config.example.yaml)")
+    serve.add_argument("--web", metavar="ADDR", help="also serve the page (as trainsup web) on ADDR, e.g. 127.0.0.1:8470")
+    web = sub.add_parser("web", help="a page in the browser over the runs: loss, samples, faults, logs, the queue",
+                         usage="trainsup web [--listen ADDR] [--state DIR] [RUN_DIR ...]")
+    web.add_argument("--listen", default="127.0.0.1:8470", metavar="ADDR",
+                     help="HOST:PORT (default 127.0.0.1:8470; beyond loopback every page needs the token)")
+    web.add_argument("--state", type=Path, metavar="DIR", help="the queue's state directory, whose queue is shown "
+                     "and where the token is kept (default: trainsup serve's)")
+    web.add_argument("runs", nargs="*", type=Path, metavar="RUN_DIR", help="more run dirs (or output dirs) to show, "
+                     "besides every project and queue entry")
     queue = sub.add_parser("queue", help="add, list, reorder and pause the entries trainsup serve runs")
     queue_sub = queue.add_subparsers(dest="queue_verb", required=True)
     q_add = queue_sub.add_parser("add", help="queue a project (a name or a file); prints the entry's id",
@@ -225,6 +236,11 @@ def _main(argv: list[str] | None) -> int:
         return _service(args)
     if args.verb == "serve":
         return _serve(args)
+    if args.verb == "web":
+        from .service.queuestore import state_dir
+        from .web.server import run_web
+
+        return run_web(args.listen, state_dir(args.state), args.runs, os.environ)
     if args.verb == "queue":
         from .commands.queue import run_queue
 
@@ -274,8 +290,23 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     daemon = Daemon(ServeOptions(state_dir(args.state), args.slots, args.min_free_mib, env=dict(os.environ),
                                  policy=policy))
+    page = None
+    if args.web is not None:  # the page beside the queue, from a thread of its own
+        from .web.server import WebError, WebServer
+
+        try:
+            page = WebServer(args.web, state_dir(args.state), (), os.environ)
+        except WebError as exc:
+            print(f"trainsup serve: error: --web: {exc}", file=sys.stderr)
+            return 2
+        print(page.banner(), file=sys.stderr, flush=True)
+        page.start()
     install_signal_handlers(daemon)
-    return daemon.run()
+    try:
+        return daemon.run()
+    finally:
+        if page is not None:
+            page.close()
 
 
 def _report(args: argparse.Namespace) -> int:

@@ -24,6 +24,7 @@ from ..faults.scanner import Evidence, FaultScanner
 from ..faults.userrules import compose_rules
 from ..record.journal import Journal, JournalListener
 from ..record.ledger import Ledger, StateRecord
+from ..record.progress import ProgressLog
 from ..sensors import gpu
 from ..sensors.hang import HangClock
 from ..sensors.oomkills import NOT_FOR_MEMORY, killed_for_memory, oom_kills
@@ -55,7 +56,7 @@ class Supervisor:
                  gpu_probe: Callable[[], gpu.GpuProbe] = gpu.probe,
                  notify_env: Mapping[str, str] = os.environ, listeners: Sequence[JournalListener] = ()) -> None:
         self.spec = spec
-        self.listeners = tuple(listeners)  # hear the journal: notifications, metrics (see service)
+        self.listeners = (*listeners, ProgressLog())  # hear the journal: notifications, metrics, the curve
         self.policy = policy
         self.clock = clock
         self.spawn = spawn
@@ -116,8 +117,8 @@ class Supervisor:
         self.points.continue_ledger()
         first = 1 + sum(1 for _ in self.run_dir.glob("attempt-*.log"))
         project = self.spec.project.name if self.spec.project else t.label or self.run_dir.name
-        self.journal.event("run_start", argv=list(self.spec.argv), run_dir=str(self.run_dir),
-                           policy=self.policy.source, project=project, trainer=t.family)
+        self.journal.event("run_start", argv=list(self.spec.argv), run_dir=str(self.run_dir), policy=self.policy.source,
+                           project=project, trainer=t.family, samples=t.samples_record())
         self._status(trainer=t.family)
         for note in t.notes:
             self.say(note)

@@ -95,6 +95,23 @@ class DoctorFacts:
 
 
 @dataclass(frozen=True)
+class Samples:
+    """Where a trainer writes its sample images, for the page (``trainsup web``) to show them.
+
+    ``step_pattern``'s first group is the trainer's step in a sample's file name, counted as its
+    progress bar counts (``OutputFormat.absolute_steps``); a name it does not match is placed by time.
+    """
+
+    dirs: tuple[Path, ...]
+    step_pattern: str | None = None
+
+    def record(self, absolute_steps: bool) -> dict[str, Any]:
+        """The ``samples`` field of ``run_start``."""
+        return {"dirs": [str(d) for d in self.dirs], "step_pattern": self.step_pattern,
+                "absolute_steps": absolute_steps}
+
+
+@dataclass(frozen=True)
 class Notice:
     """A warning of the trainer's: journaled (``warning`` with ``fields``) and said on the console."""
 
@@ -227,6 +244,15 @@ class TrainerRun(ABC):
 
     def default_run_dir(self, cwd: Path) -> Path:
         return (self.output_dir or cwd) / ".trainsup"
+
+    def samples(self) -> Samples | None:
+        """Where this run's sample images go, when the trainer makes any."""
+        return None
+
+    def samples_record(self) -> dict[str, Any] | None:
+        """``run_start``'s ``samples``: where the page (``trainsup web``) finds the sample images."""
+        found = self.samples()
+        return None if found is None else found.record(self.output.absolute_steps)
 
     @abstractmethod
     def bind(self, run_dir: Path, ledger: Ledger, journal: Journal, say: Say) -> None:

@@ -20,7 +20,7 @@ from ...faults.remedies import Action, Rung
 from ...faults.rules import FaultRule
 from ...record.journal import Journal
 from ...record.ledger import Ledger, StateRecord
-from ..base import Finding, Notice, Plan, Say, Setup, TrainerRun
+from ..base import Finding, Notice, Plan, Samples, Say, Setup, TrainerRun
 from ..cmdline import TrainerCommand, find_script
 from ..interpreter import trainer_python
 from . import doctor as kohya_doctor
@@ -59,6 +59,10 @@ class KohyaRun(TrainerRun):
     @property
     def label(self) -> str | None:
         return self.prepared.output_name
+
+    def samples(self) -> Samples | None:
+        # sd-scripts: OUTPUT_DIR/sample/[NAME_]STEP6_II_TIMESTAMP[_SEED].png (epoch samples: eEPOCH6)
+        return Samples(((self.output_dir or self.cwd) / "sample",), r"(?:^|_)(\d{6})_\d{2}(?:_\d{14})?(?:_\d+)?\.png$")
 
     def bind(self, run_dir: Path, ledger: Ledger, journal: Journal, say: Say) -> None:
         fp16 = self.plan.value("mixed_precision") == "fp16"

@@ -22,7 +22,7 @@ from ...faults.remedies import Action, Rung
 from ...faults.rules import FaultRule
 from ...record.journal import Journal
 from ...record.ledger import Ledger, StateRecord
-from ..base import Finding, Plan, Say, Setup, TrainerRun, UsageError
+from ..base import Finding, Plan, Samples, Say, Setup, TrainerRun, UsageError
 from ..interpreter import trainer_python
 from . import doctor
 from .backups import backup_args, backup_problem, parse_name
@@ -92,6 +92,10 @@ class OneTrainerRun(TrainerRun):
     @property
     def label(self) -> str | None:
         return self.model_out.stem
+
+    def samples(self) -> Samples | None:
+        # OneTrainer: WORKSPACE/samples/<i> - <prompt>/<ts>-training-sample-<global step>-<epoch>-<epoch step>.<ext>
+        return Samples((self.workspace / "samples",), r"training-sample-(\d+)-\d+-\d+\.\w+$")
 
     def default_run_dir(self, cwd: Path) -> Path:
         return self.workspace / ".trainsup"

@@ -1,0 +1,382 @@
+"""Owns what the page says about runs: which runs it knows, and each one's row and detail.
+
+The runs are those ``trainsup status`` knows, and the same state judgement (``commands.status``): every
+project in the projects directory, every entry of the queue's state directory, and the run dirs
+named on the command line. One run dir is one run however many of these name it. A run's id in the
+page's URLs is a hash of its run dir (a project that cannot be loaded: of its file), so a bookmark
+keeps working while the list changes.
+
+The detail comes from the run's files through ``journals`` (incrementally) and ``files``: the curve,
+the fault -> remedy -> resume timeline, the samples with their true step, the log tail.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from markupsafe import Markup
+
+from ..commands.runref import RefError, RunRef, every_project, resolve
+from ..commands.status import LIVE_STATES, RunView, view
+from ..record.textfmt import format_duration, format_size
+from ..service.queuestore import Entry, QueueStore
+from . import plots
+from .files import SampleFile, file_url, log_tail, sample_files
+from .journals import Records, RunRecords
+
+MIB = 1024 * 1024
+
+
+@dataclass
+class KnownRun:
+    id: str
+    ref: RunRef
+    sources: list[str] = field(default_factory=list)  # "project FILE", "queue q3", "command line"
+    entry: Entry | None = None
+
+
+def run_id(key: Path | str) -> str:
+    return hashlib.sha256(str(key).encode()).hexdigest()[:12]
+
+
+class Catalog:
+    """The runs the page knows, found anew on each look (a directory listing, cheap)."""
+
+    def __init__(self, env: Mapping[str, str], store: QueueStore, named: Sequence[Path]) -> None:
+        self.env, self.store, self.named = env, store, list(named)
+        self.records = Records()
+
+    def runs(self) -> list[KnownRun]:
+        found: dict[str, KnownRun] = {}
+
+        def add(ref: RunRef, source: str, entry: Entry | None = None) -> None:
+            key = run_id(ref.run_dir if ref.run_dir is not None else (ref.project or ref.name))
+            known = found.setdefault(key, KnownRun(key, ref))
+            known.sources.append(source)
+            if entry is not None and (known.entry is None or entry.seq > known.entry.seq):
+                known.entry = entry
+
+        for path in self.named:
+            try:
+                add(resolve(str(path), self.env), "command line")
+            except RefError as exc:
+                add(RunRef(str(path), None, None, str(exc)), "command line")
+        _, projects = every_project(self.env)
+        for ref in projects:
+            add(ref, f"project {ref.project}")
+        try:
+            entries = self.store.entries() if self.store.exists() else []
+        except OSError:
+            entries = []
+        for entry in entries:
+            add(RunRef(entry.project, Path(entry.run_dir), Path(entry.file)), f"queue {entry.id}", entry)
+        return list(found.values())
+
+    def get(self, rid: str) -> KnownRun | None:
+        return next((r for r in self.runs() if r.id == rid), None)
+
+    def records_of(self, run: KnownRun) -> RunRecords | None:
+        return self.records.of(run.ref.run_dir) if run.ref.run_dir is not None else None
+
+
+@dataclass
+class Row:
+    """One line of the runs list."""
+
+    run: KnownRun
+    view: RunView
+    remedy: str | None
+    live: bool
+
+    @property
+    def step_text(self) -> str:
+        v = self.view
+        if v.step is None:
+            return "–"
+        return f"{v.step}/{v.total}" if v.total else str(v.step)
+
+    @property
+    def loss_text(self) -> str:
+        return "–" if self.view.loss is None else f"{self.view.loss:.4g}"
+
+    @property
+    def speed_text(self) -> str:
+        rate = self.view.rate
+        return f"{rate:.3g} it/s" if self.live and rate else "–"
+
+    @property
+    def eta_text(self) -> str:
+        return format_duration(self.view.eta_s) if self.view.eta_s is not None else "–"
+
+    @property
+    def gpu_text(self) -> str:
+        if not self.live or not self.view.gpu:
+            return "–"
+        parts = []
+        for g in self.view.gpu:
+            used, total = g.get("used_mib"), g.get("total_mib")
+            if isinstance(used, (int, float)):
+                shown = format_size(used * MIB) + (f" / {format_size(total * MIB)}" if isinstance(total, (int, float)) else "")
+                parts.append(f"gpu{g.get('index')} {shown}")
+        return ", ".join(parts) or "–"
+
+    @property
+    def percent(self) -> float | None:
+        v = self.view
+        if v.step is None or not v.total:
+            return None
+        return max(0.0, min(100.0, 100.0 * v.step / v.total))
+
+
+def row(catalog: Catalog, run: KnownRun) -> Row:
+    v = view(run.ref)
+    records = catalog.records_of(run)
+    remedy = None
+    if records is not None:
+        with records.lock:
+            project = (records.run_start or {}).get("project")
+            if "command line" in run.sources and isinstance(project, str) and project:
+                v.name = f"{project} ({run.ref.name})"  # a run dir typed on the command line says little
+            for record in reversed(records.decisions):
+                if record.get("event") == "remedy":
+                    remedy = "; ".join(str(a) for a in record.get("actions") or []) or None
+                    break
+                if record.get("event") == "run_start":
+                    break
+    return Row(run, v, remedy, v.state in LIVE_STATES)
+
+
+# --- one run -------------------------------------------------------------------------------------
+@dataclass
+class Sample:
+    url: str
+    name: str
+    step: int | None
+    attempt: int | None
+    when: str
+
+
+@dataclass
+class TimelineItem:
+    ts: float
+    kind: str
+    attempt: int | None
+    text: str
+    detail: str | None = None
+
+    @property
+    def when(self) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.ts)) if self.ts else "?"
+
+
+@dataclass
+class Detail:
+    row: Row
+    loss_chart: Markup | None
+    gpu_chart: Markup | None
+    timeline: list[TimelineItem]
+    samples: list[Sample]
+    log: list[tuple[int, str]]
+    broken_lines: int
+    missing: str | None  # the run dir is gone, or was never made
+
+
+def detail(catalog: Catalog, run: KnownRun) -> Detail:
+    r = row(catalog, run)
+    run_dir = run.ref.run_dir
+    if run_dir is None or not run_dir.is_dir():
+        why = run.ref.problem or f"{run_dir} does not exist (never run here, or moved away)"
+        return Detail(r, None, None, [], [], [], 0, why)
+    records = catalog.records.of(run_dir)
+    with records.lock:
+        starts = _attempt_starts(records.decisions)
+        chart = _loss_chart(records, starts, r.view.total)
+        gpu = _gpu_chart(records, starts)
+        items = timeline(records.decisions)
+        samples = _samples(run, records, starts)
+        broken = records.events.broken + records.progress.broken
+    return Detail(r, chart, gpu, items, samples, log_tail(run_dir), broken, None)
+
+
+def _attempt_starts(decisions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``attempt_start`` records of the newest supervisor's run, and those before (a run dir
+    taken over keeps its attempt numbers going)."""
+    return [d for d in decisions if d.get("event") == "attempt_start" and isinstance(d.get("attempt"), int)]
+
+
+def _loss_chart(records: RunRecords, starts: list[dict[str, Any]], total: int | None) -> Markup | None:
+    if not records.steps:
+        return None
+    lo, hi = min(records.steps), max(records.steps)
+    series: list[tuple[str, list[plots.Bin]]] = []
+    by_attempt: dict[int, tuple[list[float], list[float | None]]] = {}
+    for a, s, loss in zip(records.attempts, records.steps, records.losses, strict=True):
+        xs, ys = by_attempt.setdefault(a, ([], []))
+        xs.append(s)
+        ys.append(loss)
+    for attempt, (xs, ys) in sorted(by_attempt.items()):
+        series.append((f"attempt {attempt}", plots.downsample(xs, ys, lo, hi)))
+    marks = [plots.Mark(float(_int(d.get("resume_step")) or 0), f"#{d['attempt']}", "boundary",
+                        f"attempt {d['attempt']} resumed at step {_int(d.get('resume_step')) or 0}")
+             for d in starts if d["attempt"] > 1 or _int(d.get("resume_step"))]
+    for d in records.decisions:
+        if d.get("event") == "attempt_end" and _fault_of(records.decisions, d) is not None:
+            marks.append(plots.Mark(float(_int(d.get("step")) or 0), f"{_fault_of(records.decisions, d)} "
+                                    f"(attempt {d.get('attempt')})", "fault"))
+    x_hi = max(hi, total or hi)
+    if not any(ys for _, ys in by_attempt.values() if any(y is not None for y in ys)):
+        return None
+    return plots.line_chart(series, marks, "step", "loss", (min(lo, 0), x_hi))
+
+
+def _fault_of(decisions: list[dict[str, Any]], end: dict[str, Any]) -> str | None:
+    for d in decisions:
+        if d.get("event") == "fault" and d.get("attempt") == end.get("attempt"):
+            return str(d.get("class"))
+    return None
+
+
+def _gpu_chart(records: RunRecords, starts: list[dict[str, Any]]) -> Markup | None:
+    if not records.gpu:
+        return None
+    per_device: dict[str, tuple[list[float], list[float | None]]] = {}
+    for ts, _attempt, devices in records.gpu:
+        for g in devices:
+            used = g.get("u")
+            xs, ys = per_device.setdefault(f"gpu{g.get('i')} used MiB", ([], []))
+            xs.append(ts)
+            ys.append(float(used) if isinstance(used, (int, float)) else None)
+    t0, t1 = records.gpu[0][0], records.gpu[-1][0]
+    series = [(name, plots.downsample(xs, ys, t0, t1)) for name, (xs, ys) in sorted(per_device.items())]
+    marks = [plots.Mark(float(d.get("ts") or t0), f"#{d['attempt']}", "boundary", f"attempt {d['attempt']} launched")
+             for d in starts if d["attempt"] > 1 and t0 <= float(d.get("ts") or 0) <= t1]
+    return plots.line_chart(series, marks, "time", "MiB", (t0, t1), x_format="time")
+
+
+def _samples(run: KnownRun, records: RunRecords, starts: list[dict[str, Any]]) -> list[Sample]:
+    spec = (records.run_start or {}).get("samples")
+    if not isinstance(spec, dict) or not isinstance(spec.get("dirs"), list):
+        return []
+    dirs = [Path(d) for d in spec["dirs"] if isinstance(d, str)]
+    try:
+        pattern = re.compile(spec["step_pattern"]) if isinstance(spec.get("step_pattern"), str) else None
+    except re.error:
+        pattern = None
+    roots = sample_roots(run, records)
+    out = []
+    for found in sample_files(dirs, pattern):
+        url = file_url(run.id, roots, found.path)
+        if url is None:
+            continue
+        attempt, offset = _attempt_at(starts, found.mtime)
+        step = _true_step(found, spec.get("absolute_steps") is not False, offset, records, attempt)
+        out.append(Sample(url, found.path.name, step, attempt,
+                          time.strftime("%H:%M:%S", time.localtime(found.mtime))))
+    return out
+
+
+def sample_roots(run: KnownRun, records: RunRecords | None) -> list[Path]:
+    """The folders the page serves files of for ``run``: its run dir, then its sample dirs."""
+    roots = [run.ref.run_dir] if run.ref.run_dir is not None else []
+    spec = (records.run_start or {}).get("samples") if records is not None else None
+    if isinstance(spec, dict) and isinstance(spec.get("dirs"), list):
+        roots.extend(Path(d) for d in spec["dirs"] if isinstance(d, str))
+    return roots
+
+
+def _attempt_at(starts: list[dict[str, Any]], ts: float) -> tuple[int | None, int]:
+    """The attempt running at ``ts`` and its resume step."""
+    current: tuple[int | None, int] = (None, 0)
+    for d in starts:
+        if float(d.get("ts") or 0) <= ts:
+            current = (d["attempt"], _int(d.get("resume_step")) or 0)
+    return current
+
+
+def _true_step(found: SampleFile, absolute: bool, offset: int, records: RunRecords, attempt: int | None) -> int | None:
+    if found.label is not None:
+        return found.label if absolute else found.label + offset
+    # no step in the name: the step the run had reached when the file was written
+    best = None
+    for a, s, t in zip(records.attempts, records.steps, records.times, strict=True):
+        if t <= found.mtime and (attempt is None or a == attempt):
+            best = s
+    return best
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+# --- the timeline ----------------------------------------------------------------------------------
+SHOWN = {
+    "run_start": "supervisor started",
+    "attempt_start": "launched",
+    "attempt_end": "ended",
+    "fault": "fault",
+    "fault_live": "fault seen live",
+    "remedy": "remedy",
+    "remedy_skipped": "remedy skipped",
+    "environment_upgrade": "environment upgraded",
+    "hang_stacks": "hang: stacks taken",
+    "resume_exact": "resume",
+    "resume_inexact": "resume (not exact)",
+    "deadline": "deadline signal",
+    "requeued": "requeued",
+    "finished": "finished",
+    "gave_up": "gave up",
+    "warning": "warning",
+    "info": "note",
+    "supervisor_restart": "supervisor restarted",
+    "orphan_stopped": "orphan stopped",
+    "lease_taken_over": "lease taken over",
+    "change_applied": "edit applied",
+    "change_rejected": "edit rejected",
+    "change_scheduled": "edit scheduled",
+    "cache_invalidated": "cache invalidated",
+    "final_published": "final weights published",
+    "plan_adjusted": "plan adjusted",
+}
+
+
+def timeline(decisions: list[dict[str, Any]], limit: int = 300) -> list[TimelineItem]:
+    """The run's story, newest last: what broke, what trainsup changed, where it resumed."""
+    items = []
+    for d in decisions:
+        kind = d.get("event")
+        if kind not in SHOWN:
+            continue
+        text, detail = _words(str(kind), d)
+        ts = d.get("ts")
+        items.append(TimelineItem(float(ts) if isinstance(ts, (int, float)) else 0.0, str(kind),
+                                  _int(d.get("attempt")), text, detail))
+    return items[-limit:]
+
+
+def _words(kind: str, d: dict[str, Any]) -> tuple[str, str | None]:
+    label = SHOWN[kind]
+    if kind == "run_start":
+        return f"{label} ({d.get('trainer') or 'trainer unknown'})", None
+    if kind == "attempt_start":
+        where = f"resuming from step {d.get('resume_step')}" if d.get("resume_from") else "from the beginning"
+        return f"attempt {d.get('attempt')} {label}, {where}", d.get("resume_from")
+    if kind == "attempt_end":
+        how = f"signal {d.get('signal')}" if d.get("signal") else f"exit {d.get('exit_code')}"
+        return f"attempt {d.get('attempt')} {label}: {how}, at step {d.get('step')}", None
+    if kind in ("fault", "fault_live"):
+        return f"{label}: {d.get('class')}", d.get("evidence")
+    if kind in ("remedy", "remedy_skipped"):
+        actions = "; ".join(str(a) for a in d.get("actions") or [])
+        return f"{label} for {d.get('class')}: {actions or 'restart as it was'}", d.get("reason")
+    if kind == "environment_upgrade":
+        return f"{label}: {d.get('spec')} (exit {d.get('exit_code')})", d.get("python")
+    if kind in ("finished", "gave_up"):
+        return f"{label}: {d.get('reason')}", d.get("final_weights")
+    message = d.get("message") or d.get("note") or d.get("reason") or d.get("path")
+    return label, str(message) if message else None

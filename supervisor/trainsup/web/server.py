@@ -1,0 +1,112 @@
+"""Owns serving the page: the listen address, the token line printed at start, and waitress.
+
+``trainsup web`` serves in the foreground until SIGTERM or SIGINT; ``trainsup serve --web ADDR``
+serves from a thread of its own beside the queue's decision loop, which never waits on it. Either
+way the page runs in a process that only reads the run dirs: a supervisor never waits for it.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from waitress.server import create_server
+
+from ..service.queuestore import QueueStore
+from .app import create_app
+from .auth import Guard, TokenError, is_loopback, load_token
+from .runs import Catalog
+
+DEFAULT_LISTEN = "127.0.0.1:8470"
+THREADS = 4
+
+
+class WebError(Exception):
+    """The page cannot be served (a bad address, a port in use, a token that cannot be kept)."""
+
+
+def parse_address(value: str) -> tuple[str, int]:
+    """``HOST:PORT``, ``[::1]:PORT`` or a bare ``PORT`` (loopback); port 0 takes any free one."""
+    host, sep, port = value.strip().rpartition(":")
+    if not sep:
+        host, port = "127.0.0.1", value.strip()
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise WebError(f"--listen: expected HOST:PORT (127.0.0.1:8470), [::1]:PORT or PORT, got {value!r}")
+    return host, int(port)
+
+
+class WebServer:
+    """The page on one address; ``serve_forever`` or ``start`` (a thread), then ``close``."""
+
+    def __init__(self, listen: str, state: Path, named: Sequence[Path], env: Mapping[str, str]) -> None:
+        host, port = parse_address(listen)
+        try:
+            token, self.token_path = load_token(state)
+        except TokenError as exc:
+            raise WebError(str(exc)) from None
+        store = QueueStore(state)
+        catalog = Catalog(env, store, named)
+        guard = Guard(token, host, port)
+        app = create_app(catalog, guard, store, env)
+        try:
+            self._server: Any = create_server(app, host=host, port=port, threads=THREADS,
+                                              ident="trainsup", expose_tracebacks=False)
+        except OSError as exc:
+            raise WebError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
+        bound_host, bound_port = self._server.effective_host, self._server.effective_port
+        shown = f"[{bound_host}]" if ":" in str(bound_host) else bound_host
+        self.url = f"http://{shown}:{bound_port}/"
+        self.token = token
+        self.loopback = is_loopback(host)
+        self._thread: threading.Thread | None = None
+
+    def banner(self) -> str:
+        who = "actions need the token" if self.loopback else "every page needs the token"
+        return (f"trainsup web: serving {self.url} (token: {self.token}; kept in {self.token_path}; {who})")
+
+    def serve_forever(self) -> None:
+        try:
+            self._server.run()
+        except (OSError, ValueError):  # the socket closed under it by close(): the end
+            pass
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.serve_forever, name="trainsup-web", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        try:
+            self._server.close()
+        except OSError:
+            pass
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+def run_web(listen: str, state: Path, named: Sequence[Path], env: Mapping[str, str]) -> int:
+    """``trainsup web``: 0 stopped by SIGTERM/SIGINT; 2 the page cannot be served."""
+    import signal
+
+    try:
+        server = WebServer(listen, state, named, env)
+    except WebError as exc:
+        print(f"trainsup web: error: {exc}", file=sys.stderr)
+        return 2
+    print(server.banner(), file=sys.stderr, flush=True)
+    if not server.loopback:
+        print("trainsup web: note: listening beyond loopback: the page is plain HTTP, so put it behind TLS "
+              "or reach it through `ssh -L` (see the README)", file=sys.stderr, flush=True)
+
+    def stop(_signum: int, _frame: object) -> None:
+        # Closing the listening socket ends waitress's loop; run() then returns.
+        threading.Thread(target=server.close, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    server.serve_forever()
+    print("trainsup web: stopped", file=sys.stderr, flush=True)
+    return 0
