@@ -66,7 +66,8 @@ class Catalog:
             try:
                 add(resolve(str(path), self.env), "command line")
             except RefError as exc:
-                add(RunRef(str(path), None, None, str(exc)), "command line")
+                why = str(exc) if path.exists() else f"{path} does not exist (moved away, or never run here)"
+                add(RunRef(str(path), None, None, why), "command line")
         _, projects = every_project(self.env)
         for ref in projects:
             add(ref, f"project {ref.project}")

@@ -1,0 +1,250 @@
+"""The page's safety and reading, through Flask's test client over run dirs written here.
+
+What a browser does with the page (live refresh, the stop button on a real run) is tests/web's; here:
+the token and who may do what, CSRF, the Host check, which files are served (traversal, symlinks out,
+huge files), a broken journal line and a missing run dir shown as such, the incremental journal
+reader, the downsampling of a very long curve, and progress.jsonl as the supervisor writes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainsup.record.journal import Journal
+from trainsup.record.progress import ProgressLog
+from trainsup.service.queuestore import QueueStore
+from trainsup.web import plots
+from trainsup.web.app import create_app
+from trainsup.web.auth import COOKIE, Guard, load_token
+from trainsup.web.files import MAX_FILE
+from trainsup.web.journals import JsonlTail
+from trainsup.web.runs import Catalog, run_id
+
+PNG = bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+                    "1f15c4890000000d49444154789c6360000002000154a24f5d0000000049454e44ae426082")
+
+
+def write_run(out: Path, *, steps: int = 12, fault_at: int | None = 6, extra_lines: str = "") -> Path:
+    """An output dir with a run dir as a supervisor leaves it: journal, status, progress, a log, samples."""
+    run_dir = out / ".trainsup"
+    run_dir.mkdir(parents=True)
+    (out / "sample").mkdir()
+    t0 = 1_790_000_000.0
+    events: list[dict[str, Any]] = [
+        {"ts": t0, "event": "run_start", "project": "lora", "trainer": "kohya",
+         "samples": {"dirs": [str(out / "sample")], "step_pattern": r"(?:^|_)(\d{6})_\d{2}\.png$",
+                     "absolute_steps": False}},
+        {"ts": t0 + 1, "event": "attempt_start", "attempt": 1, "resume_from": None, "resume_step": 0}]
+    progress = []
+    for s in range(1, (fault_at or steps) + 1):
+        progress.append({"ts": t0 + 1 + s, "a": 1, "s": s, "t": steps, "l": 1.0 / s, "r": 2.0})
+    if fault_at:
+        events += [{"ts": t0 + 20, "event": "attempt_end", "attempt": 1, "exit_code": 1, "step": fault_at},
+                   {"ts": t0 + 20, "event": "fault", "class": "cuda_oom", "attempt": 1,
+                    "evidence": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"},
+                   {"ts": t0 + 20, "event": "remedy", "class": "cuda_oom", "rung": 0,
+                    "actions": ["add --gradient_checkpointing"], "delay_s": 1},
+                   {"ts": t0 + 30, "event": "attempt_start", "attempt": 2, "resume_from": str(out / "s4"),
+                    "resume_step": 4}]
+        for s in range(5, steps + 1):
+            progress.append({"ts": t0 + 30 + s, "a": 2, "s": s, "t": steps, "l": 0.5 / s, "r": 2.0})
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events) + extra_lines)
+    (run_dir / "progress.jsonl").write_text("".join(json.dumps(p) + "\n" for p in progress))
+    (run_dir / "status.json").write_text(json.dumps({"state": "finished", "attempt": 2, "step": steps,
+                                                      "total": steps, "loss": 0.04, "last_fault": "cuda_oom",
+                                                      "updated": t0 + 60}))
+    (run_dir / "attempt-1.log").write_text("steps:  10%|#  | 1/12\rsteps:  50%|#####  | 6/12 [\x1b[31mred\x1b[0m]\n"
+                                           "torch.OutOfMemoryError: CUDA out of memory.\n")
+    (run_dir / "attempt-2.log").write_text("resumed\nsteps: 100%|##########| 8/8\n")
+    sample = out / "sample" / "lora_000003_00.png"  # attempt 2's label 3: true step 7
+    sample.write_bytes(PNG)
+    os.utime(sample, (t0 + 40, t0 + 40))
+    return run_dir
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> dict[str, Any]:
+    out = tmp_path / "out"
+    run_dir = write_run(out)
+    state = tmp_path / "state"
+    token, _ = load_token(state)
+    env = {"TRAINSUP_PROJECTS": str(tmp_path / "projects"), "HOME": str(tmp_path)}
+    store = QueueStore(state)
+    catalog = Catalog(env, store, [out])
+    app = create_app(catalog, Guard(token, "127.0.0.1", 8470), store, env)
+    app.testing = False  # errors take the page's own handler, as when served
+    return {"client": app.test_client(), "token": token, "rid": run_id(run_dir.resolve()), "out": out,
+            "run_dir": run_dir, "state": state, "tmp": tmp_path, "catalog": catalog, "env": env}
+
+
+HOST = {"Host": "127.0.0.1:8470"}
+
+
+def login(site: dict[str, Any]) -> str:
+    client = site["client"]
+    answer = client.post("/login", data={"token": site["token"], "next": "/"}, headers=HOST)
+    assert answer.status_code == 303
+    assert COOKIE in answer.headers["Set-Cookie"] and "HttpOnly" in answer.headers["Set-Cookie"]
+    assert "SameSite=Strict" in answer.headers["Set-Cookie"]
+    page = client.get("/queue", headers=HOST).get_data(as_text=True)
+    csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+    assert csrf, "a logged-in page carries the csrf field"
+    return csrf.group(1)
+
+
+def test_token_is_made_once_owner_only_and_reused(tmp_path: Path) -> None:
+    token, path = load_token(tmp_path / "state")
+    assert len(token) >= 16
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert load_token(tmp_path / "state")[0] == token
+
+
+def test_runs_list_and_run_page_show_the_run(site: dict[str, Any]) -> None:
+    client = site["client"]
+    listing = client.get("/", headers=HOST).get_data(as_text=True)
+    assert f'data-run="{site["rid"]}"' in listing
+    assert "12/12" in listing and "cuda_oom" in listing and "add --gradient_checkpointing" in listing
+    page = client.get(f"/run/{site['rid']}", headers=HOST)
+    text = page.get_data(as_text=True)
+    assert page.status_code == 200
+    points = int(re.search(r'data-points="(\d+)"', text).group(1))  # type: ignore[union-attr]
+    assert points == 6 + 8  # every step of both attempts (far under the bins)
+    assert text.count('class="series"') == 2 and 'class="boundary"' in text and 'class="fault"' in text
+    assert re.search(r'data-event="fault".*?cuda_oom', text, re.S)
+    assert re.search(r'data-event="remedy".*?add --gradient_checkpointing', text, re.S)
+    assert 'data-step="7"' in text  # attempt 2 resumed at 4 and named its sample with its own step 3
+    assert "steps:  50%|#####  | 6/12 [red]" in text  # the bar's last redraw, colour codes dropped
+    assert "\x1b" not in text
+
+
+def test_sample_is_served_and_nothing_outside(site: dict[str, Any]) -> None:
+    client, rid, tmp = site["client"], site["rid"], site["tmp"]
+    ok = client.get(f"/run/{rid}/file/1/lora_000003_00.png", headers=HOST)
+    assert ok.status_code == 200 and ok.mimetype == "image/png" and ok.data == PNG
+    secret = tmp / "secret.txt"
+    secret.write_text("not for the page")
+    (site["out"] / "sample" / "link.png").symlink_to(secret)
+    for rel, status in ((f"1/../../secret.txt", 403), ("1/link.png", 403), ("0/../../secret.txt", 403),
+                        ("7/anything.png", 404), ("1/%2e%2e/%2e%2e/secret.txt", 403), ("1/missing.png", 404)):
+        answer = client.get(f"/run/{rid}/file/{rel}", headers=HOST)
+        assert answer.status_code == status, (rel, answer.status_code)
+        assert b"not for the page" not in answer.data
+    huge = site["out"] / "sample" / "huge_000001_00.png"
+    with open(huge, "wb") as fh:
+        fh.truncate(MAX_FILE + 1)  # sparse: no disk spent
+    assert client.get(f"/run/{rid}/file/1/huge_000001_00.png", headers=HOST).status_code == 413
+    assert client.get(f"/run/{rid}/file/0/events.jsonl", headers=HOST).status_code == 200  # the run dir's own
+
+
+def test_actions_need_the_token_csrf_and_same_origin(site: dict[str, Any]) -> None:
+    client = site["client"]
+    project = site["tmp"] / "p.yaml"
+    project.write_text(f"command: [python, -c, 'print(1)']\nrun_dir: {site['tmp'] / 'prun'}\n")
+    refused = client.post("/queue/add", data={"project": str(project), "csrf": "x"}, headers=HOST)
+    assert refused.status_code == 403 and "needs the token" in refused.get_data(as_text=True)
+    csrf = login(site)
+    assert client.post("/queue/add", data={"project": str(project)}, headers=HOST).status_code == 403
+    foreign = client.post("/queue/add", data={"project": str(project), "csrf": csrf},
+                          headers={**HOST, "Origin": "http://evil.example"})
+    assert foreign.status_code == 403 and "another site" in foreign.get_data(as_text=True)
+    assert QueueStore(site["state"]).entries() == []
+    done = client.post("/queue/add", data={"project": str(project), "csrf": csrf},
+                       headers={**HOST, "Origin": "http://127.0.0.1:8470"})
+    assert done.status_code == 303
+    entries = QueueStore(site["state"]).entries()
+    assert [e.state for e in entries] == ["queued"]
+    page = client.get("/queue", headers=HOST).get_data(as_text=True)
+    assert f'data-entry="{entries[0].id}"' in page and f"queued as {entries[0].id}" in page
+
+
+def test_wrong_token_and_foreign_host_are_refused(site: dict[str, Any]) -> None:
+    client = site["client"]
+    assert client.post("/login", data={"token": "guess"}, headers=HOST).status_code == 403
+    assert client.get("/", headers={"Host": "evil.example"}).status_code == 421  # DNS rebinding
+    assert client.get("/", headers={"Host": "localhost:8470"}).status_code == 200
+    assert client.post("/login", data={"token": site["token"], "next": "//evil.example/"},
+                       headers=HOST).headers["Location"] == "/"
+
+
+def test_beyond_loopback_every_page_needs_the_token(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    write_run(out)
+    token, _ = load_token(tmp_path / "state")
+    store = QueueStore(tmp_path / "state")
+    app = create_app(Catalog({"TRAINSUP_PROJECTS": str(tmp_path)}, store, [out]),
+                     Guard(token, "0.0.0.0", 8470), store, {})
+    client = app.test_client()
+    there = {"Host": "10.1.2.3:8470"}
+    assert client.get("/", headers=there).status_code == 302
+    assert client.get("/part/runs", headers=there).status_code == 302
+    client.post("/login", data={"token": token}, headers=there)
+    assert client.get("/", headers=there).status_code == 200
+
+
+def test_broken_journal_line_and_missing_run_dir_show_as_such(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    write_run(out, extra_lines='{"ts": 1, "event": "fault", "class"\nnot json at all\n')
+    gone = tmp_path / "gone" / ".trainsup"
+    gone.mkdir(parents=True)
+    (gone / "status.json").write_text('{"state": "running"')  # cut short
+    token, _ = load_token(tmp_path / "state")
+    store = QueueStore(tmp_path / "state")
+    catalog = Catalog({"TRAINSUP_PROJECTS": str(tmp_path / "p")}, store, [out, gone])
+    client = create_app(catalog, Guard(token, "127.0.0.1", 8470), store, {}).test_client()
+    page = client.get(f"/run/{run_id((out / '.trainsup').resolve())}", headers=HOST)
+    assert page.status_code == 200 and "2 lines of this run" in page.get_data(as_text=True)
+    listing = client.get("/", headers=HOST)
+    assert listing.status_code == 200 and "is not valid JSON" in listing.get_data(as_text=True)
+    rid = run_id(gone.resolve())
+    for name in os.listdir(gone):
+        (gone / name).unlink()
+    gone.rmdir()
+    missing = client.get(f"/run/{rid}", headers=HOST)
+    assert missing.status_code == 200 and "does not exist" in missing.get_data(as_text=True)
+    assert client.get("/run/000000000000", headers=HOST).status_code == 404
+
+
+def test_reader_takes_only_complete_lines_and_starts_over_on_a_new_file(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_text('{"event": "a"}\n{"event": "b"')
+    tail = JsonlTail(path)
+    assert [r["event"] for r in tail.read_new()[0]] == ["a"]
+    with open(path, "a") as fh:
+        fh.write('}\n{"event": "c"}\n')
+    assert [r["event"] for r in tail.read_new()[0]] == ["b", "c"]
+    path.write_text('{"event": "new"}\n')  # replaced, shorter
+    records, reset = tail.read_new()
+    assert reset and [r["event"] for r in records] == ["new"]
+
+
+def test_a_long_curve_is_downsampled_and_keeps_its_spike() -> None:
+    steps = list(range(300_000))
+    losses: list[float | None] = [1.0] * len(steps)
+    losses[123_456] = 50.0
+    bins = plots.downsample(steps, losses, 0, steps[-1])
+    assert len(bins) == plots.BINS
+    assert max(b.high for b in bins) == 50.0
+    svg = plots.line_chart([("attempt 1", bins)], [], "step", "loss")
+    assert f'data-points="{plots.BINS}"' in svg
+
+
+def test_progress_log_writes_a_point_per_step_and_gpu_readings(tmp_path: Path) -> None:
+    journal = Journal(tmp_path)
+    log = ProgressLog()
+    journal.listen(log)
+    for step, ts_gpu in ((1, None), (1, None), (2, [{"index": 0, "used_mib": 900, "total_mib": 24000}])):
+        journal.status(state="running", attempt=1, step=step, total=10, loss=0.5, rate=1.0,
+                       **({"gpu": ts_gpu} if ts_gpu else {}))
+    journal.status(state="finished", step=10)
+    log.close()
+    journal.close()
+    records = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
+    assert [r.get("s") for r in records if "s" in r] == [1, 2]
+    assert [r["g"][0]["u"] for r in records if "g" in r] == [900]
