@@ -117,8 +117,8 @@ def test_runs_list_and_run_page_show_the_run(site: dict[str, Any]) -> None:
     points = int(re.search(r'data-points="(\d+)"', text).group(1))  # type: ignore[union-attr]
     assert points == 6 + 8  # every step of both attempts (far under the bins)
     assert text.count('class="series"') == 2 and 'class="boundary"' in text and 'class="fault"' in text
-    assert re.search(r'data-event="fault".*?cuda_oom', text, re.S)
-    assert re.search(r'data-event="remedy".*?add --gradient_checkpointing', text, re.S)
+    assert re.search(r'data-event="fault".*?cuda_oom', text, re.DOTALL)
+    assert re.search(r'data-event="remedy".*?add --gradient_checkpointing', text, re.DOTALL)
     assert 'data-step="7"' in text  # attempt 2 resumed at 4 and named its sample with its own step 3
     assert "steps:  50%|#####  | 6/12 [red]" in text  # the bar's last redraw, colour codes dropped
     assert "\x1b" not in text
@@ -131,7 +131,7 @@ def test_sample_is_served_and_nothing_outside(site: dict[str, Any]) -> None:
     secret = tmp / "secret.txt"
     secret.write_text("not for the page")
     (site["out"] / "sample" / "link.png").symlink_to(secret)
-    for rel, status in ((f"1/../../secret.txt", 403), ("1/link.png", 403), ("0/../../secret.txt", 403),
+    for rel, status in (("1/../../secret.txt", 403), ("1/link.png", 403), ("0/../../secret.txt", 403),
                         ("7/anything.png", 404), ("1/%2e%2e/%2e%2e/secret.txt", 403), ("1/missing.png", 404)):
         answer = client.get(f"/run/{rid}/file/{rel}", headers=HOST)
         assert answer.status_code == status, (rel, answer.status_code)
