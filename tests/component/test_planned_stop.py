@@ -96,3 +96,32 @@ def test_an_attempt_stopped_for_a_change_uses_the_planned_signal(tmp_path: Path)
     assert result.stopped_for_change and result.fault is None
     assert marker.read_text() == "backed up" and result.exit_code == 0
     assert time.monotonic() - started < 10
+
+
+def test_a_stop_request_sends_the_trainer_the_signal_it_names(tmp_path: Path) -> None:
+    """The deadline's stop with the trainer's save signal: the run stops for SIGUSR1, the child gets SIGINT."""
+    marker = tmp_path / "marker"
+    script = tmp_path / "child.py"
+    script.write_text(SAVES_ON_SIGINT)
+    events: queue.Queue[tuple[str, Any]] = queue.Queue()
+    log = tmp_path / "attempt.log"
+
+    def stop_when_ready() -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if log.exists() and b"ready" in log.read_bytes():
+                events.put(("signal", (signal.SIGUSR1, signal.SIGINT)))
+                return
+            time.sleep(0.01)
+
+    threading.Thread(target=stop_when_ready, daemon=True).start()
+
+    def never(*_a: Any) -> Any:
+        raise AssertionError("not expected")
+
+    hooks = AttemptHooks(lambda *_a: None, lambda _p: None, lambda _e: None, lambda _o: None, lambda _c: None,
+                         lambda _f: False, lambda: False, never)
+    result = run_attempt([sys.executable, str(script), str(marker)], {}, tmp_path, log, FaultScanner(BUILTIN_RULES),
+                         events, hooks, 10, 2, False)
+    assert result.stop_signal == signal.SIGUSR1 and result.fault is None
+    assert marker.read_text() == "backed up" and result.exit_code == 0

@@ -90,10 +90,10 @@ def run_attempt(argv: list[str], env: dict[str, str], cwd: Path, log_path: Path,
                 kind, payload = "", None
             if kind == "eof":
                 eofs += 1
-            elif kind == "signal":
-                stop_signal = int(payload)
+            elif kind == "signal":  # (why the run stops, what the trainer is sent: a save signal at a deadline)
+                stop_signal, trainer_signal = payload
                 if not killed:
-                    process.stop_tree(child, grace_s)
+                    process.stop_tree(child, grace_s, trainer_signal)
                     killed = True
             elif kind == "progress":
                 if nan_step is None and payload.loss is not None and math.isnan(payload.loss):

@@ -8,8 +8,12 @@ within lead + 30 s, so it may come up to 30 s early: ``lead_s`` is the least tim
 intervals measured between this supervisor's complete states (steps and the save, as they really
 took; the first from the trainer's launch) the next state is due one longest interval after the
 last. If it is due before the deadline less the stop grace and a margin, the run stops right after
-that save; else it stops now, and the newest complete state is the resume point. Either way the
-trainer's whole tree is stopped and reaped by the attempt (``process.stop_tree``) before the end.
+that save; else it stops now, and the newest complete state is the resume point. A trainer whose
+stop saves a state (its adapter's ``planned_stop_signal`` is not SIGTERM: OneTrainer backs up on
+SIGINT) is stopped now with that signal instead, and the state it writes is the resume point, unless
+the periodic save is due sooner than that stop's save can be counted on (the stop grace, after which
+SIGKILL ends it). The choice is journaled (``deadline``'s ``choice``). Either way the trainer's whole
+tree is stopped and reaped by the attempt (``process.stop_tree``) before the end.
 
 Then, inside a Slurm job (``SLURM_JOB_ID``) with ``requeue`` on, ``scontrol requeue $SLURM_JOB_ID``
 and the exit code ``exit_code_after_requeue`` (default 128 + the signal: 138 for USR1). Outside
@@ -51,6 +55,7 @@ class Deadline:
         self.last_state_at: float | None = None  # the trainer's launch, then each complete state
         self.interval: float | None = None  # the longest measured between two of them
         self.last_step = -1  # of the newest complete state seen
+        self.save_signal: int | None = None  # the trainer's stop signal when it saves a state first
 
     # --- what the engine tells it ----------------------------------------------------------------
     def signalled(self, _signum: int = 0, _frame: Any = None) -> None:
@@ -58,8 +63,11 @@ class Deadline:
         if self.received_at is None:
             self.received_at = self.clock()
 
-    def launched(self) -> None:
+    def launched(self, stop_signal: int = signal.SIGTERM) -> None:
+        """A trainer was launched; ``stop_signal`` is its adapter's (``planned_stop_signal``): one other
+        than SIGTERM makes the trainer save a state before it exits."""
         self.last_state_at = self.clock()
+        self.save_signal = None if stop_signal == signal.SIGTERM else stop_signal
 
     def on_states(self, new: Sequence[StateRecord]) -> None:
         """New complete states were entered in the ledger (a second state of a step already saved, as
@@ -75,36 +83,61 @@ class Deadline:
         self.last_state_at = now
         self.saved = self.wait_until is not None
 
-    def tick(self, journal: Journal, say: Callable[[str], None], request_stop: Callable[[int], None],
+    def tick(self, journal: Journal, say: Callable[[str], None], request_stop: Callable[[int, int], None],
              stop_signal: int | None) -> None:
-        """Acts on a recorded signal; never when a stop was asked for already (SIGTERM stays SIGTERM)."""
+        """Acts on a recorded signal; never when a stop was asked for already (SIGTERM stays SIGTERM).
+        ``request_stop(reason, trainer_signal)``: the run stops for ``reason`` (the deadline signal),
+        the trainer is sent ``trainer_signal``."""
         if self.received_at is None or self.acted or stop_signal is not None:
             return
         now = self.clock()
         name = self.signum.name
+        trainer_signal: int = signal.SIGTERM
         if self.wait_until is None:
-            deadline = self.received_at + self.policy.lead_s
-            latest = deadline - self.grace_s - MARGIN_S  # the trainer's stop may take the whole grace
-            due = None if self.last_state_at is None or self.interval is None else self.last_state_at + self.interval
+            choice, due, latest = self.choose(now)
             journal.event("deadline", signal=name, lead_s=self.policy.lead_s, save_interval_s=_r(self.interval),
                           next_save_in_s=_r(None if due is None else due - now), stop_by_s=_r(latest - now),
-                          wait_for_save=due is not None and due <= latest)
-            if due is not None and due <= latest:
+                          wait_for_save=choice == "wait_for_save", choice=choice,
+                          save_signal=None if self.save_signal is None else signal.Signals(self.save_signal).name)
+            ends = f"{name}: the job ends in {self.policy.lead_s:.0f} s; "
+            if choice == "wait_for_save":
+                assert due is not None
                 self.wait_until = latest
-                say(f"{name}: the job ends in {self.policy.lead_s:.0f} s; the next save is due in "
-                    f"{due - now:.0f} s: stopping right after it")
+                say(f"{ends}the next save is due in {due - now:.0f} s: stopping right after it")
                 return
-            say(f"{name}: the job ends in {self.policy.lead_s:.0f} s; "
-                + ("no save can be complete before it" if due is not None else "no save measured yet")
-                + ": stopping now, the newest complete state is the resume point")
+            if choice == "save_on_stop":
+                assert self.save_signal is not None
+                trainer_signal = self.save_signal
+                say(f"{ends}stopping now with {signal.Signals(trainer_signal).name}: the trainer saves a state "
+                    "first, and that state is the resume point")
+            else:
+                say(ends + ("no save can be complete before it" if due is not None else "no save measured yet")
+                    + ": stopping now, the newest complete state is the resume point")
         elif self.saved:
             say(f"{name}: the save is complete: stopping")
         elif now >= self.wait_until:
-            say(f"{name}: the save did not come in time: stopping now")
+            trainer_signal = self.save_signal or signal.SIGTERM
+            with_save = "" if self.save_signal is None else f" with {signal.Signals(trainer_signal).name}"
+            say(f"{name}: the save did not come in time: stopping now{with_save}")
         else:
             return
         self.acted = True
-        request_stop(self.signum)
+        request_stop(self.signum, trainer_signal)
+
+    def choose(self, now: float) -> tuple[str, float | None, float]:
+        """Where to stop: ``wait_for_save`` (the periodic save, then stop), ``save_on_stop`` (stop now
+        with the trainer's save signal) or ``stop_now``; with when the periodic save is due and the
+        latest moment the trainer's stop may begin."""
+        signalled = now if self.received_at is None else self.received_at
+        latest = signalled + self.policy.lead_s - self.grace_s - MARGIN_S  # the trainer's stop may take the grace
+        due = None if self.last_state_at is None or self.interval is None else self.last_state_at + self.interval
+        fits = due is not None and due <= latest
+        if self.save_signal is None:
+            return ("wait_for_save" if fits else "stop_now"), due, latest
+        # The stop's own save is counted on only by the end of the grace (SIGKILL then): a periodic
+        # save due before that is as soon, and leaves the trainer's regular saves alone.
+        sooner = fits and due is not None and due <= now + self.grace_s
+        return ("wait_for_save" if sooner else "save_on_stop"), due, latest
 
     # --- the end ---------------------------------------------------------------------------------
     def conclude(self, decision: Decision, stop_signal: int | None, journal: Journal, points: StateStore,

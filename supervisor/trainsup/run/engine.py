@@ -78,9 +78,9 @@ class Supervisor:
         self._live = {r.id for r in self.rules if r.live}
 
     # --- signals: handlers only record -----------------------------------------------------------
-    def request_stop(self, signum: int) -> None:
+    def request_stop(self, signum: int, trainer_signal: int = signal.SIGTERM) -> None:
         self.stop_signal = signum
-        self.events.put(("signal", signum))
+        self.events.put(("signal", (signum, trainer_signal)))  # why the run stops, what the trainer gets
 
     # --- the run ---------------------------------------------------------------------------------
     def run(self) -> int:
@@ -261,7 +261,7 @@ class Supervisor:
         self.child_pid = child.pid
         record_trainer(self.run_dir, child.pid, self.attempt_no)  # for the next supervisor, should we die
         self.gpu.attach(child, self.events)
-        self.deadline.launched()
+        self.deadline.launched(self.trainer.planned_stop_signal)  # its stop may save a state
         self.notifier.ready()  # systemd: started once the first trainer is launched
         return child
 

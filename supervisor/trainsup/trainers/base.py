@@ -223,7 +223,8 @@ class TrainerRun(ABC):
     total_steps: int | None = None  # the steps the user asked for, when the command says
     user_resume: Path | None = None  # a state the user's own command resumes from
     # The signal of a planned stop (an edit applied at a checkpoint): SIGTERM, or one the trainer
-    # answers by saving first (OneTrainer: SIGINT). SIGKILL follows after the stop grace either way.
+    # answers by saving first (OneTrainer: SIGINT; then the deadline signal's stop uses it too, see
+    # run.deadline). SIGKILL follows after the stop grace either way.
     planned_stop_signal: int = signal.SIGTERM
     settings_unknown: bool = False  # as given: some settings live in a file that is not here
     notes: list[str]  # said once at start and journaled (what trainsup changed, what it cannot do)
