@@ -96,12 +96,14 @@ class RunRecords:
     run_start: dict[str, Any] | None = None
     attempts: list[int] = field(default_factory=list)  # per progress point
     steps: list[int] = field(default_factory=list)
-    losses: list[float | None] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)  # NaN where the trainer showed none
     times: list[float] = field(default_factory=list)
     gpu: list[tuple[float, int | None, list[dict[str, Any]]]] = field(default_factory=list)
     stride: int = 1  # keep every stride-th point once MAX_POINTS is reached
     seen: int = 0
+    version: int = 0  # grows with every change: what the page drew from an older one is stale
     lock: threading.Lock = field(default_factory=threading.Lock)
+    drawn: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # what the page drew, by what it drew from
 
     def __post_init__(self) -> None:
         self.events = JsonlTail(self.run_dir / "events.jsonl")
@@ -110,6 +112,8 @@ class RunRecords:
     def refresh(self) -> None:
         with self.lock:
             new, reset = self.events.read_new()
+            if new or reset:
+                self.version += 1
             if reset:
                 self.decisions, self.run_start = [], None
             for record in new:
@@ -122,6 +126,8 @@ class RunRecords:
             if len(self.decisions) > MAX_EVENTS:
                 del self.decisions[:len(self.decisions) - MAX_EVENTS]
             new, reset = self.progress.read_new()
+            if new or reset:
+                self.version += 1
             if reset:
                 self.attempts, self.steps, self.losses, self.times, self.gpu = [], [], [], [], []
                 self.stride, self.seen = 1, 0
@@ -145,7 +151,8 @@ class RunRecords:
             return
         self.attempts.append(attempt or 0)
         self.steps.append(step)
-        self.losses.append(_num(record.get("l")))
+        loss = _num(record.get("l"))
+        self.losses.append(math.nan if loss is None else loss)
         self.times.append(ts or 0.0)
         if len(self.steps) >= MAX_POINTS:  # halve, evenly: the plot downsamples far below this anyway
             for seq in (self.attempts, self.steps, self.losses, self.times):

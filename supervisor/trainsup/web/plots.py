@@ -14,7 +14,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 from markupsafe import Markup, escape
+from numpy.typing import ArrayLike
 
 BINS = 600
 WIDTH, HEIGHT = 900, 280
@@ -38,24 +40,26 @@ class Mark:
     title: str = ""  # the hover text (the label when empty)
 
 
-def downsample(xs: Sequence[float], ys: Sequence[float | None], lo: float, hi: float, bins: int = BINS) -> list[Bin]:
-    """``(x, y)`` pairs (y None skipped) as at most ``bins`` bins over ``[lo, hi]``."""
+def downsample(xs: ArrayLike, ys: ArrayLike, lo: float, hi: float, bins: int = BINS) -> list[Bin]:
+    """``(x, y)`` pairs (a NaN or infinite y skipped) as at most ``bins`` bins over ``[lo, hi]``.
+
+    numpy does the binning: a refresh of a 300,000-step curve costs milliseconds, not a second."""
+    x = np.asarray(xs, dtype=np.float64)
+    y = np.asarray(ys, dtype=np.float64)
+    keep = np.isfinite(y) & np.isfinite(x)
+    x, y = x[keep], y[keep]
+    if not len(x):
+        return []
     width = (hi - lo) / bins if hi > lo else 1.0
-    acc: dict[int, list[float]] = {}
-    for x, y in zip(xs, ys, strict=True):
-        if y is None or not math.isfinite(y):
-            continue
-        key = min(bins - 1, int((x - lo) / width)) if hi > lo else 0
-        cell = acc.get(key)
-        if cell is None:
-            acc[key] = [x, 1.0, y, y, y]  # x sum, count, y sum, min, max
-        else:
-            cell[0] += x
-            cell[1] += 1
-            cell[2] += y
-            cell[3] = min(cell[3], y)
-            cell[4] = max(cell[4], y)
-    return [Bin(c[0] / c[1], c[2] / c[1], c[3], c[4]) for _, c in sorted(acc.items())]
+    key = np.clip(((x - lo) / width).astype(np.int64), 0, bins - 1) if hi > lo else np.zeros(len(x), np.int64)
+    order = np.argsort(key, kind="stable")
+    key, x, y = key[order], x[order], y[order]
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    counts = np.diff(np.r_[starts, len(key)])
+    mean_x = np.add.reduceat(x, starts) / counts
+    mean_y = np.add.reduceat(y, starts) / counts
+    low, high = np.minimum.reduceat(y, starts), np.maximum.reduceat(y, starts)
+    return [Bin(float(a), float(b), float(c), float(d)) for a, b, c, d in zip(mean_x, mean_y, low, high, strict=True)]
 
 
 def _ticks(lo: float, hi: float, count: int = 5) -> list[float]:

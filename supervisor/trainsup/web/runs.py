@@ -13,13 +13,15 @@ the fault -> remedy -> resume timeline, the samples with their true step, the lo
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import numpy as np
 from markupsafe import Markup
 
 from ..commands.runref import RefError, RunRef, every_project, resolve
@@ -197,12 +199,23 @@ def detail(catalog: Catalog, run: KnownRun) -> Detail:
     records = catalog.records.of(run_dir)
     with records.lock:
         starts = _attempt_starts(records.decisions)
-        chart = _loss_chart(records, starts, r.view.total)
-        gpu = _gpu_chart(records, starts)
+        chart = _drawn(records, "loss", (records.version, r.view.total),
+                       lambda: _loss_chart(records, starts, r.view.total))
+        gpu = _drawn(records, "gpu", records.version, lambda: _gpu_chart(records, starts))
         items = timeline(records.decisions)
         samples = _samples(run, records, starts)
         broken = records.events.broken + records.progress.broken
     return Detail(r, chart, gpu, items, samples, log_tail(run_dir), broken, None)
+
+
+def _drawn(records: RunRecords, name: str, key: Any, draw: Callable[[], Markup | None]) -> Markup | None:
+    """A chart drawn once for each state of the records: a refresh with nothing new costs nothing."""
+    cached = records.drawn.get(name)
+    if cached is not None and cached[0] == key:
+        return cast(Markup | None, cached[1])
+    chart = draw()
+    records.drawn[name] = (key, chart)
+    return chart
 
 
 def _attempt_starts(decisions: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -214,15 +227,12 @@ def _attempt_starts(decisions: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _loss_chart(records: RunRecords, starts: list[dict[str, Any]], total: int | None) -> Markup | None:
     if not records.steps:
         return None
-    lo, hi = min(records.steps), max(records.steps)
-    series: list[tuple[str, list[plots.Bin]]] = []
-    by_attempt: dict[int, tuple[list[float], list[float | None]]] = {}
-    for a, s, loss in zip(records.attempts, records.steps, records.losses, strict=True):
-        xs, ys = by_attempt.setdefault(a, ([], []))
-        xs.append(s)
-        ys.append(loss)
-    for attempt, (xs, ys) in sorted(by_attempt.items()):
-        series.append((f"attempt {attempt}", plots.downsample(xs, ys, lo, hi)))
+    attempts = np.asarray(records.attempts)
+    steps = np.asarray(records.steps, dtype=np.float64)
+    losses = np.asarray(records.losses, dtype=np.float64)
+    lo, hi = float(steps.min()), float(steps.max())
+    series = [(f"attempt {a}", plots.downsample(steps[attempts == a], losses[attempts == a], lo, hi))
+              for a in np.unique(attempts).tolist()]
     marks = [plots.Mark(float(_int(d.get("resume_step")) or 0), f"#{d['attempt']}", "boundary",
                         f"attempt {d['attempt']} resumed at step {_int(d.get('resume_step')) or 0}")
              for d in starts if d["attempt"] > 1 or _int(d.get("resume_step"))]
@@ -231,8 +241,8 @@ def _loss_chart(records: RunRecords, starts: list[dict[str, Any]], total: int | 
             marks.append(plots.Mark(float(_int(d.get("step")) or 0), f"{_fault_of(records.decisions, d)} "
                                     f"(attempt {d.get('attempt')})", "fault"))
     x_hi = max(hi, total or hi)
-    if not any(ys for _, ys in by_attempt.values() if any(y is not None for y in ys)):
-        return None
+    if not any(bins for _, bins in series):
+        return None  # steps, but no loss shown yet
     return plots.line_chart(series, marks, "step", "loss", (min(lo, 0), x_hi))
 
 
@@ -246,13 +256,13 @@ def _fault_of(decisions: list[dict[str, Any]], end: dict[str, Any]) -> str | Non
 def _gpu_chart(records: RunRecords, starts: list[dict[str, Any]]) -> Markup | None:
     if not records.gpu:
         return None
-    per_device: dict[str, tuple[list[float], list[float | None]]] = {}
+    per_device: dict[str, tuple[list[float], list[float]]] = {}
     for ts, _attempt, devices in records.gpu:
         for g in devices:
             used = g.get("u")
             xs, ys = per_device.setdefault(f"gpu{g.get('i')} used MiB", ([], []))
             xs.append(ts)
-            ys.append(float(used) if isinstance(used, (int, float)) else None)
+            ys.append(float(used) if isinstance(used, (int, float)) else math.nan)
     t0, t1 = records.gpu[0][0], records.gpu[-1][0]
     series = [(name, plots.downsample(xs, ys, t0, t1)) for name, (xs, ys) in sorted(per_device.items())]
     marks = [plots.Mark(float(d.get("ts") or t0), f"#{d['attempt']}", "boundary", f"attempt {d['attempt']} launched")
