@@ -56,6 +56,8 @@ def write_run(out: Path, *, steps: int = 12, fault_at: int | None = 6, extra_lin
         for s in range(5, steps + 1):
             progress.append({"ts": t0 + 30 + s, "a": 2, "s": s, "t": steps, "l": 0.5 / s, "r": 2.0})
     (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events) + extra_lines)
+    progress += [{"ts": t0 + 2 * i, "a": 1, "g": [{"i": 0, "u": 900 + 100 * i, "m": 24000, "p": 800}]}
+                 for i in range(5)]
     (run_dir / "progress.jsonl").write_text("".join(json.dumps(p) + "\n" for p in progress))
     (run_dir / "status.json").write_text(json.dumps({"state": "finished", "attempt": 2, "step": steps,
                                                       "total": steps, "loss": 0.04, "last_fault": "cuda_oom",
@@ -114,11 +116,14 @@ def test_runs_list_and_run_page_show_the_run(site: dict[str, Any]) -> None:
     page = client.get(f"/run/{site['rid']}", headers=HOST)
     text = page.get_data(as_text=True)
     assert page.status_code == 200
-    points = int(re.search(r'data-points="(\d+)"', text).group(1))  # type: ignore[union-attr]
+    loss = text[text.index('<section id="loss"'):text.index("</section>", text.index('<section id="loss"'))]
+    points = int(re.search(r'data-points="(\d+)"', loss).group(1))  # type: ignore[union-attr]
     assert points == 6 + 8  # every step of both attempts (far under the bins)
-    assert text.count('class="series"') == 2 and 'class="boundary"' in text and 'class="fault"' in text
+    assert loss.count('class="series"') == 2 and 'class="boundary"' in loss and 'class="fault"' in loss
     assert re.search(r'data-event="fault".*?cuda_oom', text, re.DOTALL)
     assert re.search(r'data-event="remedy".*?add --gradient_checkpointing', text, re.DOTALL)
+    gpu = re.search(r'<section id="gpu".*?data-points="(\d+)"', text, re.DOTALL)
+    assert gpu and int(gpu.group(1)) == 5  # GPU memory over time, one point a reading
     assert 'data-step="7"' in text  # attempt 2 resumed at 4 and named its sample with its own step 3
     assert "steps:  50%|#####  | 6/12 [red]" in text  # the bar's last redraw, colour codes dropped
     assert "\x1b" not in text
