@@ -4,6 +4,7 @@ Exit codes of ``trainsup run``: 0 training finished; 2 bad usage or policy; 3 ga
 restart budget (or, after a deadline signal, the requeue budget: ``slurm.requeue_budget``); 4 stopped on a
 fault a restart cannot fix; 130/143 stopped by SIGINT/SIGTERM (never requeued); 138 stopped at the
 deadline signal (SIGUSR1 by default; requeued inside a Slurm job; ``slurm.exit_code_after_requeue``).
+The policy's ``exit_codes:`` remaps 3, 4, 130, 143 and 138 (``_run``'s end, ``commands.exitcodes.remap``).
 ``trainsup diagnose``: 0 every log classified; 2 an input could not be read (or bad options);
 141 its reader went away (``| head``).
 ``trainsup doctor``: 0 no findings; 1 warnings only; 2 blockers (or bad usage).
@@ -403,7 +404,12 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         sys.stderr.flush()
         os.execve(sys.executable, [sys.executable, "-m", "trainsup.cli", *argv],
                   {**os.environ, **supervisor.reexec_env})
-    return code
+    from .commands.exitcodes import remap  # the policy's exit_codes: (a scheduler's convention)
+
+    mapped, key = remap(code, supervisor.policy, os.environ)
+    if key is not None:
+        print(f"trainsup: exit={code} exits {mapped} ({key})", file=sys.stderr, flush=True)
+    return mapped
 
 
 if __name__ == "__main__":

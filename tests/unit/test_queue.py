@@ -18,7 +18,7 @@ from trainsup.sensors.gpu import GpuDevice
 from trainsup.service import inbox
 from trainsup.service.control import ControlServer, ask
 from trainsup.service.daemon import status_text
-from trainsup.service.entryproc import journal_ending
+from trainsup.service.entryproc import entry_env, journal_ending
 from trainsup.service.queuestore import Entry, QueueError, QueueStore, queued_positions, state_dir
 from trainsup.service.scheduler import plan_starts
 
@@ -214,3 +214,8 @@ def test_the_status_line_reads_like_the_issue_asks() -> None:
     n = {"running": 2, "queued": 3, "finished": 5, "failed": 1, "stopped": 0}
     assert status_text(n, False) == "2 running · 3 queued · 5 finished · 1 failed"
     assert status_text({**n, "stopped": 1}, True).endswith("1 failed · 1 stopped · paused")
+
+
+def test_an_entrys_supervisor_gets_its_gpus_no_systemd_socket_and_trainsups_own_exit_codes() -> None:
+    env = entry_env(["1", "3"], {"PATH": "/bin", "NOTIFY_SOCKET": "/run/x", "TRAINSUP_EXIT_CODES": "remapped"})
+    assert env == {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "1,3", "TRAINSUP_EXIT_CODES": "native"}

@@ -4,18 +4,22 @@ Kubernetes example's ``podFailurePolicy`` (``deploy/kubernetes/job.yaml``, check
 the sbatch script's comment are read against these names, so a code is written down once here.
 
 The codes themselves are made where they are decided (the engine's ``decide``, ``cli``); this module
-only names and groups them.
+names and groups them, and ``remap`` applies the policy's ``exit_codes:`` (a scheduler's own
+convention) to the code ``trainsup run`` returns, in ``cli`` only: the journal, ``status.json`` and
+``trainsup serve`` keep trainsup's own codes.
 """
 
 from __future__ import annotations
 
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..run.decide import EXIT_GAVE_UP, EXIT_STOPPED
+from ..run.policy import EXIT_CODES_ENV, Policy
 
 __all__ = ["CODES", "DEADLINE", "FINISHED", "GAVE_UP", "INTERNAL", "NOT_RETRYABLE", "SIGINT", "SIGTERM",
-           "STOPPED_ON_FAULT", "USAGE", "ExitCode"]
+           "STOPPED_ON_FAULT", "USAGE", "ExitCode", "remap"]
 
 FINISHED = 0
 USAGE = 2  # bad usage, policy or project; the run dir is another live supervisor's (lock or lease)
@@ -49,3 +53,19 @@ CODES = (
 
 # What a scheduler must never run again as it is: it would end the same way.
 NOT_RETRYABLE = tuple(c.code for c in CODES if c.code != FINISHED and not c.retry_helps)
+
+
+def remap(code: int, policy: Policy, env: Mapping[str, str]) -> tuple[int, str | None]:
+    """The code ``trainsup run`` exits with for its own ``code`` under the policy's ``exit_codes:``, and
+    the key that changed it (None: unchanged). The deadline's own code is 128 + ``slurm.deadline_signal``
+    (``slurm.exit_code_after_requeue`` and ``exit_codes.deadline`` are refused together). With
+    ``TRAINSUP_EXIT_CODES=native`` (``trainsup serve`` sets it for its entries) nothing is remapped."""
+    if env.get(EXIT_CODES_ENV) == "native":
+        return code, None
+    own = {GAVE_UP: "gave_up", STOPPED_ON_FAULT: "fault", SIGINT: "sigint", SIGTERM: "sigterm",
+           128 + signal.Signals[f"SIG{policy.slurm.deadline_signal}"]: "deadline"}
+    name = own.get(code)
+    given = policy.exit_codes.given()
+    if name is None or name not in given:
+        return code, None
+    return given[name], f"exit_codes.{name}"

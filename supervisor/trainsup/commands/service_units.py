@@ -85,6 +85,8 @@ ExecStart={exec} run --project %i
 Environment={projects}
 # The trainer's and trainsup's lines reach the log at once, one record per line.
 Environment=PYTHONUNBUFFERED=1
+# The exit codes below are trainsup's own, whatever a project's exit_codes: (for other schedulers) says.
+Environment=TRAINSUP_EXIT_CODES=native
 # Before its first launch trainsup may wait for GPU memory to be given back and validate states.
 TimeoutStartSec=10min
 # WATCHDOG=1 comes at least every WatchdogSec/2 from the decision loop, which ticks every

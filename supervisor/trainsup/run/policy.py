@@ -76,6 +76,25 @@ class SlurmPolicy:
     exit_code_after_requeue: int | None = None  # None: 128 + the signal's number (138 for USR1)
 
 
+EXIT_CODE_NAMES = ("gave_up", "fault", "sigint", "sigterm", "deadline")  # commands.exitcodes: what each is
+EXIT_CODES_ENV = "TRAINSUP_EXIT_CODES"  # "native": exit_codes: is not applied (trainsup serve's entries)
+
+
+@dataclass(frozen=True)
+class ExitCodesPolicy:
+    """``exit_codes:``: the code ``trainsup run`` exits with in place of its own, per outcome (null: its
+    own); for a scheduler with its own convention (``commands.exitcodes.remap`` applies it)."""
+
+    gave_up: int | None = None  # 3: the restart (or requeue) budget is spent
+    fault: int | None = None  # 4: stopped on a fault a restart cannot fix
+    sigint: int | None = None  # 130: stopped by SIGINT
+    sigterm: int | None = None  # 143: stopped by SIGTERM (scancel, a time limit, a pod's deletion)
+    deadline: int | None = None  # 138 (128 + slurm.deadline_signal): stopped at the deadline signal
+
+    def given(self) -> dict[str, int]:
+        return {name: code for name in EXIT_CODE_NAMES if (code := getattr(self, name)) is not None}
+
+
 @dataclass(frozen=True)
 class Policy:
     restart_max: int = 5
@@ -99,6 +118,7 @@ class Policy:
     notify: NotifyPolicy = field(default_factory=NotifyPolicy)  # notifications (see service.alerts)
     metrics: MetricsPolicy = field(default_factory=MetricsPolicy)  # Prometheus (see service.metrics)
     slurm: SlurmPolicy = field(default_factory=SlurmPolicy)  # the deadline signal (see run.deadline)
+    exit_codes: ExitCodesPolicy = field(default_factory=ExitCodesPolicy)  # trainsup run's codes remapped
     source: str = "<defaults>"
 
     def trainer_settings(self) -> Settings:
@@ -151,6 +171,12 @@ def _signal_name(v: Any) -> str:
 def _exit_code(v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 255:
         raise TypeError("an exit code 0..255")
+    return v
+
+
+def _failure_code(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 255:
+        raise TypeError("an exit code 1..255 (0 would report a failure as success)")
     return v
 
 
@@ -259,6 +285,13 @@ _SCHEMA: dict[str, dict[str, tuple[str, Callable[[Any], Any]]]] = {
         "requeue_budget": ("slurm.requeue_budget", _int(0)),
         "exit_code_after_requeue": ("slurm.exit_code_after_requeue", _optional(_exit_code)),
     },
+    "exit_codes": {
+        "gave_up": ("exit_codes.gave_up", _optional(_failure_code)),
+        "fault": ("exit_codes.fault", _optional(_failure_code)),
+        "sigint": ("exit_codes.sigint", _optional(_exit_code)),
+        "sigterm": ("exit_codes.sigterm", _optional(_exit_code)),
+        "deadline": ("exit_codes.deadline", _optional(_exit_code)),
+    },
 }
 _TOP_LEVEL = set(_SCHEMA) | {"rules"}
 
@@ -287,6 +320,7 @@ def parse_policy(text: str, source: str, allow: frozenset[str] = frozenset()) ->
     if not isinstance(root, yaml.MappingNode):
         raise PolicyError(f"{source}:{root.start_mark.line + 1}: expected a mapping of sections at the top")
     values: dict[str, Any] = {}
+    lines: dict[str, int] = {}  # a policy field -> the line of its key
     for key_node, value_node in root.value:
         section = key_node.value
         line = key_node.start_mark.line + 1
@@ -313,11 +347,17 @@ def parse_policy(text: str, source: str, allow: frozenset[str] = frozenset()) ->
                 values[name] = conv(raw)
             except TypeError as exc:
                 raise PolicyError(f"{source}:{kline}: {section}.{key}: expected {exc}, got {raw!r}") from None
+            lines[name] = kline
+    if values.get("exit_codes.deadline") is not None and values.get("slurm.exit_code_after_requeue") is not None:
+        raise PolicyError(f"{source}:{lines['exit_codes.deadline']}: exit_codes.deadline: expected null while "
+                          f"slurm.exit_code_after_requeue (line {lines['slurm.exit_code_after_requeue']}) sets "
+                          f"the same code, got {values['exit_codes.deadline']!r}; give one of them")
     nested = {section: {k.removeprefix(f"{section}."): values.pop(k) for k in list(values)
-                        if k.startswith(f"{section}.")} for section in ("hang", "gpu", "notify", "metrics", "slurm")}
+                        if k.startswith(f"{section}.")}
+              for section in ("hang", "gpu", "notify", "metrics", "slurm", "exit_codes")}
     return Policy(source=source, hang=HangPolicy(**nested["hang"]), gpu=GpuPolicy(**nested["gpu"]),
                   notify=NotifyPolicy(**nested["notify"]), metrics=MetricsPolicy(**nested["metrics"]),
-                  slurm=SlurmPolicy(**nested["slurm"]), **values)
+                  slurm=SlurmPolicy(**nested["slurm"]), exit_codes=ExitCodesPolicy(**nested["exit_codes"]), **values)
 
 
 def _rules(node: yaml.Node, source: str) -> tuple[Any, ...]:

@@ -24,6 +24,7 @@ from pathlib import Path
 import psutil
 
 from ..record.runlock import holder
+from ..run.policy import EXIT_CODES_ENV
 from .queuestore import Entry
 
 SYSTEMD_ONLY_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")  # the daemon's, not its runs'
@@ -42,10 +43,18 @@ def supervisor_argv(entry: Entry) -> list[str]:
     return [sys.executable, "-m", "trainsup.cli", "run", "--project", entry.file, "--quiet"]
 
 
-def launch(entry: Entry, gpus: list[str] | None, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+def entry_env(gpus: list[str] | None, env: Mapping[str, str]) -> dict[str, str]:
+    """The environment of an entry's supervisor: the daemon's, less systemd's, with its GPUs; and its
+    exit codes trainsup's own, whatever the project's ``exit_codes:`` (``state_for`` reads them)."""
     child_env = {k: v for k, v in env.items() if k not in SYSTEMD_ONLY_ENV}
+    child_env[EXIT_CODES_ENV] = "native"
     if gpus is not None:
         child_env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+    return child_env
+
+
+def launch(entry: Entry, gpus: list[str] | None, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+    child_env = entry_env(gpus, env)
     with open(entry.log, "ab") as log:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         log.write(f"--- trainsup serve: {entry.id} launch {entry.launches + 1} at {stamp}"
