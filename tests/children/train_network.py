@@ -3,6 +3,7 @@ sd-scripts), for process-behaviour tests. Ignores the flags it gets.
 
 Modes (first argument): longline N_MB | binary N_MB | fail MESSAGE | crash MESSAGE | hang PIDFILE | ok
 | warned ok|killed (an import-time warning naming a missing module, two steps, then success or SIGKILL)
+| tree PIDFILE (a child and a grandchild in a session of its own, all three deaf to SIGTERM)
 It speaks kohya's formats: the `steps` bar with \\r, and `model saved.` on success.
 """
 
@@ -53,6 +54,23 @@ elif mode == "hang":
     grandchild = subprocess.Popen([sys.executable, "-c", ignore_term])
     with open(sys.argv[2], "w") as fh:
         fh.write(f"{os.getpid()} {grandchild.pid}\n")
+    bar(1)
+    time.sleep(600)
+    sys.exit(0)
+elif mode == "tree":
+    # A trainer that is a tree deaf to SIGTERM (a launcher and its workers may be): a child, and the
+    # child's child in a session of its own. PIDFILE gets "TRAINER CHILD GRANDCHILD" once all are up.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited through fork and exec by both
+    sleeper = "import time; time.sleep(600)"
+    starter = ("import subprocess, sys, time; "
+               f"g = subprocess.Popen([sys.executable, '-c', {sleeper!r}], start_new_session=True); "
+               "print(g.pid, flush=True); time.sleep(600)")
+    child = subprocess.Popen([sys.executable, "-c", starter], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    grandchild = int(child.stdout.readline())
+    with open(sys.argv[2] + ".tmp", "w") as fh:
+        fh.write(f"{os.getpid()} {child.pid} {grandchild}\n")
+    os.rename(sys.argv[2] + ".tmp", sys.argv[2])
     bar(1)
     time.sleep(600)
     sys.exit(0)

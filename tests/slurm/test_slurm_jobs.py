@@ -17,11 +17,12 @@ from typing import Any
 
 import psutil
 
-from tests.conftest import ROOT
+from tests.conftest import CHILDREN, ROOT
 from tests.e2e.demo_harness import assert_same_weights, clean_env, demo_argv, run_plain
 from trainsup.record.journal import read_events
 
 TRAINSUP = Path(sys.executable).parent / "trainsup"
+CHILD = str(CHILDREN / "train_network.py")  # its `tree` mode: a trainer with a child and a grandchild
 POLICY = "stop:\n  grace_s: 5\nbackoff:\n  initial_s: 1\n  max_s: 2\n"
 
 
@@ -80,6 +81,13 @@ def usr1(slurm: dict[str, str], jid: str) -> None:
     subprocess.run(["scancel", "-b", "-s", "USR1", jid], env=slurm, timeout=30, check=True)
 
 
+def alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def processes_of(out: Path) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
@@ -133,18 +141,28 @@ def test_fault_a_restart_cannot_fix_fails_and_is_never_requeued(
     assert [f["class"] for f in of(out, "fault")] == ["config_error"] and not of(out, "requeued")
 
 
-def test_scancel_is_sigterm_exit_143_and_nothing_of_the_job_is_left(
-        slurm: dict[str, str], assets: dict[str, Path], tmp_path: Path) -> None:
+def test_scancel_is_sigterm_exit_143_and_no_process_of_the_trainers_tree_is_left(
+        slurm: dict[str, str], tmp_path: Path) -> None:
+    """The trainer, its child and its grandchild (in a session of its own) all ignore SIGTERM, so
+    Slurm's own SIGTERM to the job's processes (linuxproc signals the whole tree) stops none of them.
+    Were trainsup to exit on it at once, they would be re-parented away from slurmstepd, and Slurm
+    would never kill them (the sandbox's finding (3): a 143 job whose child and grandchild lived on).
+    trainsup SIGKILLs them after stop.grace_s (2 s: under the sandbox's KillWait, 5 s, after which
+    Slurm SIGKILLs trainsup too) and exits 143 only once they are gone."""
     out = tmp_path / "out"
-    jid, log = submit(tmp_path, slurm, demo_argv("train_network", assets, out, steps=400),
-                      env=clean_env(TRAINSUP_DEMO_STEP_SECONDS="0.25"))
-    wait_for("a first state", lambda: of(out, "state_saved"), 120)
-    assert processes_of(out)
+    pidfile = tmp_path / "pids"
+    jid, log = submit(tmp_path, slurm, [sys.executable, CHILD, "tree", str(pidfile), "--output_dir", str(out)],
+                      policy=POLICY.replace("grace_s: 5", "grace_s: 2"))
+    wait_for("the trainer's tree", pidfile.exists, 120)
+    tree = [psutil.Process(int(pid)) for pid in pidfile.read_text().split()]
+    assert len(tree) == 3 and all(alive(p) for p in tree)
+    assert len({os.getsid(p.pid) for p in tree}) == 2  # the grandchild left the trainer's session
     subprocess.run(["scancel", jid], env=slurm, timeout=30, check=True)
     j = ended(slurm, jid, timeout=60)
     assert (j["JobState"], j["ExitCode"], j["Restarts"]) == ("CANCELLED", "143:0", "0"), log.read_text()[-2000:]
+    assert [p.pid for p in tree if alive(p)] == [], "left of the trainer's tree after the job ended"
     assert not of(out, "requeued") and of(out, "gave_up")[-1]["exit_code"] == 143
-    left = [p for p in processes_of(out) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    left = [p for p in processes_of(out) if alive(p)]
     assert not left, [p.info["cmdline"] for p in left]
 
 
