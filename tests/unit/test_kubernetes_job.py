@@ -4,6 +4,7 @@ server would take them, and its exit codes exactly trainsup's contract (``comman
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -72,3 +73,12 @@ def test_the_readme_table_names_every_code_once() -> None:
     rows = [line for line in section.splitlines() if line.startswith("| `") and line[3].isdigit()]
     named = [int(code) for row in rows for code in row.split("|")[1].replace("`", "").split(",")]
     assert sorted(named) == sorted(c.code for c in exitcodes.CODES)
+
+
+def test_the_header_comment_names_every_code_of_the_rules() -> None:
+    header = "".join(line for line in JOB.read_text(encoding="utf-8").splitlines(keepends=True)
+                     if line.startswith("#"))
+    said = {int(n) for n in re.findall(r"\b(\d{1,3})\b", header)}
+    rules = _job()["spec"]["podFailurePolicy"]["rules"]
+    codes = {v for r in rules if "onExitCodes" in r for v in r["onExitCodes"]["values"]}
+    assert codes <= said, f"job.yaml's header comment does not name {sorted(codes - said)}"
