@@ -29,10 +29,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "supervisor"))
 
-from trainsup.service.queuestore import QueueStore  # noqa: E402
-from trainsup.web.app import create_app  # noqa: E402
-from trainsup.web.auth import Guard, load_token  # noqa: E402
-from trainsup.web.runs import Catalog, run_id  # noqa: E402
+from trainsup.service.queuestore import QueueStore
+from trainsup.web.app import create_app
+from trainsup.web.auth import Guard, load_token
+from trainsup.web.runs import Catalog, run_id
 
 HOST = {"Host": "127.0.0.1:8470"}
 
@@ -47,9 +47,8 @@ def write_run(run_dir: Path, steps: int) -> None:
             events.append({"ts": t0 + start, "event": "attempt_start", "attempt": attempt,
                            "resume_step": max(0, start - 50), "resume_from": "x" if start else None})
             end = thirds[attempt] if attempt < 3 else steps
-            for s in range(max(0, start - 50) + 1, end + 1):
-                fh.write(json.dumps({"ts": t0 + s, "a": attempt, "s": s, "t": steps,
-                                     "l": 1.0 / (1 + s / 1000), "r": 3.1}, separators=(",", ":")) + "\n")
+            fh.writelines(json.dumps({"ts": t0 + s, "a": attempt, "s": s, "t": steps,
+                                     "l": 1.0 / (1 + s / 1000), "r": 3.1}, separators=(",", ":")) + "\n" for s in range(max(0, start - 50) + 1, end + 1))
             if attempt < 3:
                 events += [{"ts": t0 + end, "event": "attempt_end", "attempt": attempt, "step": end, "exit_code": 1},
                            {"ts": t0 + end, "event": "fault", "class": "cuda_oom", "attempt": attempt},
@@ -94,8 +93,7 @@ def main() -> int:
 
         def grow() -> None:
             with open(run_dir / "progress.jsonl", "a") as fh:
-                for s in range(last[0] + 1, last[0] + 101):
-                    fh.write(json.dumps({"ts": 1.0 * s, "a": 3, "s": s, "l": 0.1}) + "\n")
+                fh.writelines(json.dumps({"ts": 1.0 * s, "a": 3, "s": s, "l": 0.1}) + "\n" for s in range(last[0] + 1, last[0] + 101))
             last[0] += 100
             client.get(part, headers=HOST)
 

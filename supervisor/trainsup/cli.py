@@ -99,11 +99,13 @@ def _parser() -> argparse.ArgumentParser:
                        help="YAML whose notify: and metrics: sections the daemon uses (see config.example.yaml)")
     serve.add_argument("--web", metavar="ADDR", help="also serve the page (as trainsup web) on ADDR, e.g. 127.0.0.1:8470")
     web = sub.add_parser("web", help="a page in the browser over the runs: loss, samples, faults, logs, the queue",
-                         usage="trainsup web [--listen ADDR] [--state DIR] [RUN_DIR ...]")
+                         usage="trainsup web [--listen ADDR] [--state DIR] [--projects DIR] [RUN_DIR ...]")
     web.add_argument("--listen", default="127.0.0.1:8470", metavar="ADDR",
                      help="HOST:PORT (default 127.0.0.1:8470; beyond loopback every page needs the token)")
     web.add_argument("--state", type=Path, metavar="DIR", help="the queue's state directory, whose queue is shown "
                      "and where the token is kept (default: trainsup serve's)")
+    web.add_argument("--projects", type=Path, metavar="DIR", help="the projects directory whose projects are "
+                     "shown (default: $TRAINSUP_PROJECTS, else ~/.config/trainsup/projects, /etc/... for root)")
     web.add_argument("runs", nargs="*", type=Path, metavar="RUN_DIR", help="more run dirs (or output dirs) to show, "
                      "besides every project and queue entry")
     queue = sub.add_parser("queue", help="add, list, reorder and pause the entries trainsup serve runs")
@@ -241,7 +243,8 @@ def _main(argv: list[str] | None) -> int:
         from .service.queuestore import state_dir
         from .web.server import run_web
 
-        return run_web(args.listen, state_dir(args.state), args.runs, os.environ)
+        env = {**os.environ, **({"TRAINSUP_PROJECTS": str(args.projects)} if args.projects else {})}
+        return run_web(args.listen, state_dir(args.state), args.runs, env)
     if args.verb == "queue":
         from .commands.queue import run_queue
 

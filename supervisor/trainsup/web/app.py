@@ -75,7 +75,9 @@ def create_app(catalog: Catalog, guard: Guard, store: QueueStore, env: Mapping[s
     def _headers(response: Response) -> BaseResponse:
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
         response.headers.setdefault("X-Frame-Options", "DENY")
-        response.headers.setdefault("Referrer-Policy", "no-referrer")
+        # same-origin, not no-referrer: with no-referrer a browser sends "Origin: null" on the page's own
+        # form posts, which the CSRF check must refuse
+        response.headers.setdefault("Referrer-Policy", "same-origin")
         response.headers.setdefault("Content-Security-Policy", "default-src 'self'; img-src 'self'; "
                                     "style-src 'self'; script-src 'self'; frame-ancestors 'none'")
         if request.method == "GET" and request.path.startswith("/part/"):

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from waitress import wasyncore
 from waitress.server import create_server
 
 from ..service.queuestore import QueueStore
@@ -21,7 +22,8 @@ from .auth import Guard, TokenError, is_loopback, load_token
 from .runs import Catalog
 
 DEFAULT_LISTEN = "127.0.0.1:8470"
-THREADS = 4
+THREADS = 8  # a few open tabs, each asking for its live part every second
+LOOP_S = 0.2  # how soon the serving loop sees a stop
 
 
 class WebError(Exception):
@@ -63,33 +65,43 @@ class WebServer:
         self.token = token
         self.loopback = is_loopback(host)
         self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
 
     def banner(self) -> str:
         who = "actions need the token" if self.loopback else "every page needs the token"
         return (f"trainsup web: serving {self.url} (token: {self.token}; kept in {self.token_path}; {who})")
 
     def serve_forever(self) -> None:
+        """Serve until ``close``: waitress's loop, a pass at a time, so that the end (every socket and
+        worker closed) happens here, in the loop's own thread, even with browsers still connected."""
+        server = self._server
+        sockets = getattr(server, "map", None) or server._map
         try:
-            self._server.run()
-        except (OSError, ValueError):  # the socket closed under it by close(): the end
-            pass
+            while not self._stopping.is_set():
+                wasyncore.loop(timeout=LOOP_S, map=sockets, use_poll=True, count=1)
+        finally:
+            server.task_dispatcher.shutdown(cancel_pending=True, timeout=5)
+            wasyncore.close_all(sockets)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.serve_forever, name="trainsup-web", daemon=True)
         self._thread.start()
 
     def close(self) -> None:
-        try:
-            self._server.close()
-        except OSError:
-            pass
+        """Ask the loop to end (safe from a signal handler); a thread started by ``start`` is joined."""
+        self._stopping.set()
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=10)
 
 
 def run_web(listen: str, state: Path, named: Sequence[Path], env: Mapping[str, str]) -> int:
     """``trainsup web``: 0 stopped by SIGTERM/SIGINT; 2 the page cannot be served."""
+    import logging
     import signal
+
+    # waitress warns on stderr whenever requests wait for a free thread ("Task queue depth"): a busy
+    # moment of a page that refreshes itself, not something for the user to act on.
+    logging.getLogger("waitress.queue").setLevel(logging.ERROR)
 
     try:
         server = WebServer(listen, state, named, env)
@@ -102,8 +114,7 @@ def run_web(listen: str, state: Path, named: Sequence[Path], env: Mapping[str, s
               "or reach it through `ssh -L` (see the README)", file=sys.stderr, flush=True)
 
     def stop(_signum: int, _frame: object) -> None:
-        # Closing the listening socket ends waitress's loop; run() then returns.
-        threading.Thread(target=server.close, daemon=True).start()
+        server.close()  # only sets the flag: the loop ends within LOOP_S and closes everything itself
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
