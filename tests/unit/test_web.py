@@ -253,3 +253,15 @@ def test_progress_log_writes_a_point_per_step_and_gpu_readings(tmp_path: Path) -
     records = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
     assert [r.get("s") for r in records if "s" in r] == [1, 2]
     assert [r["g"][0]["u"] for r in records if "g" in r] == [900]
+
+
+def test_a_run_without_faults_draws_one_series(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    run_dir = write_run(out, fault_at=None)
+    token, _ = load_token(tmp_path / "state")
+    store = QueueStore(tmp_path / "state")
+    client = create_app(Catalog({"TRAINSUP_PROJECTS": str(tmp_path / "p")}, store, [out]),
+                        Guard(token, "127.0.0.1", 8470), store, {}).test_client()
+    page = client.get(f"/run/{run_id(run_dir.resolve())}", headers=HOST).get_data(as_text=True)
+    loss = page[page.index('<section id="loss"'):]
+    assert 'data-points="12"' in loss and loss.count('class="series"') >= 1 and 'class="fault"' not in loss

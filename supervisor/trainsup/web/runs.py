@@ -145,13 +145,15 @@ def row(catalog: Catalog, run: KnownRun) -> Row:
         with records.lock:
             project = (records.run_start or {}).get("project")
             if "command line" in run.sources and isinstance(project, str) and project:
-                v.name = f"{project} ({run.ref.name})"  # a run dir typed on the command line says little
+                v.name = project  # a run dir typed on the command line says little; the page shows it apart
             for record in reversed(records.decisions):
                 if record.get("event") == "remedy":
                     remedy = "; ".join(str(a) for a in record.get("actions") or []) or None
                     break
                 if record.get("event") == "run_start":
                     break
+    if v.state == "new" and run.entry is not None and run.entry.state == "queued":
+        v.state = "queued"  # never run yet, and waiting in the queue: that is what the user wants to read
     return Row(run, v, remedy, v.state in LIVE_STATES)
 
 
@@ -199,8 +201,7 @@ def detail(catalog: Catalog, run: KnownRun) -> Detail:
     records = catalog.records.of(run_dir)
     with records.lock:
         starts = _attempt_starts(records.decisions)
-        chart = _drawn(records, "loss", (records.version, r.view.total),
-                       lambda: _loss_chart(records, starts, r.view.total))
+        chart = _drawn(records, "loss", records.version, lambda: _loss_chart(records, starts))
         gpu = _drawn(records, "gpu", records.version, lambda: _gpu_chart(records, starts))
         items = timeline(records.decisions)
         samples = _samples(run, records, starts)
@@ -224,7 +225,10 @@ def _attempt_starts(decisions: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [d for d in decisions if d.get("event") == "attempt_start" and isinstance(d.get("attempt"), int)]
 
 
-def _loss_chart(records: RunRecords, starts: list[dict[str, Any]], total: int | None) -> Markup | None:
+def _loss_chart(records: RunRecords, starts: list[dict[str, Any]]) -> Markup | None:
+    """The loss over true steps, an attempt a series. The x axis spans the steps trained so far, as
+    TensorBoard's does: early on, a curve drawn against the whole run would be squeezed into its first
+    pixels (the progress bar above it says how far the run is)."""
     if not records.steps:
         return None
     attempts = np.asarray(records.attempts)
@@ -240,10 +244,9 @@ def _loss_chart(records: RunRecords, starts: list[dict[str, Any]], total: int | 
         if d.get("event") == "attempt_end" and _fault_of(records.decisions, d) is not None:
             marks.append(plots.Mark(float(_int(d.get("step")) or 0), f"{_fault_of(records.decisions, d)} "
                                     f"(attempt {d.get('attempt')})", "fault"))
-    x_hi = max(hi, total or hi)
     if not any(bins for _, bins in series):
         return None  # steps, but no loss shown yet
-    return plots.line_chart(series, marks, "step", "loss", (min(lo, 0), x_hi))
+    return plots.line_chart(series, marks, "step", "loss", (min([lo, *(m.x for m in marks)]), hi))
 
 
 def _fault_of(decisions: list[dict[str, Any]], end: dict[str, Any]) -> str | None:
