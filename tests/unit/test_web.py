@@ -265,3 +265,26 @@ def test_a_run_without_faults_draws_one_series(tmp_path: Path) -> None:
     page = client.get(f"/run/{run_id(run_dir.resolve())}", headers=HOST).get_data(as_text=True)
     loss = page[page.index('<section id="loss"'):]
     assert 'data-points="12"' in loss and loss.count('class="series"') >= 1 and 'class="fault"' not in loss
+
+
+def test_queue_edits_from_the_page_are_the_queue_commands(site: dict[str, Any]) -> None:
+    client, tmp = site["client"], site["tmp"]
+    csrf = login(site)
+    for name in ("a", "b"):
+        (tmp / f"{name}.yaml").write_text(f"command: [python, -c, 'print(1)']\nrun_dir: {tmp / ('run-' + name)}\n")
+        assert client.post("/queue/add", data={"project": str(tmp / f"{name}.yaml"), "csrf": csrf},
+                           headers=HOST).status_code == 303
+    store = QueueStore(site["state"])
+    assert client.post("/queue/q2/move", data={"to": "1", "csrf": csrf}, headers=HOST).status_code == 303
+    assert [e.id for e in sorted(store.entries(), key=lambda e: e.position)] == ["q2", "q1"]
+    assert client.post("/queue/pause", data={"csrf": csrf}, headers=HOST).status_code == 303
+    assert store.paused()
+    assert client.post("/queue/resume", data={"csrf": csrf}, headers=HOST).status_code == 303
+    assert not store.paused()
+    assert client.post("/queue/q1/stop", data={"csrf": csrf}, headers=HOST).status_code == 303
+    assert store.get("q1").state == "stopped"  # a queued entry stops at once: it will not start
+    assert client.post("/queue/q1/remove", data={"csrf": csrf}, headers=HOST).status_code == 303
+    assert [e.id for e in store.entries()] == ["q2"]
+    assert client.post("/queue/remove", data={"csrf": csrf}, headers=HOST).status_code == 404  # names no entry
+    page = client.get("/queue", headers=HOST).get_data(as_text=True)
+    assert 'data-entry="q2"' in page and 'data-entry="q1"' not in page

@@ -53,8 +53,9 @@ def create_app(catalog: Catalog, guard: Guard, store: QueueStore, env: Mapping[s
         return redirect(to, code=303)
 
     def page(template: str, status: int = 200, **context: Any) -> BaseResponse:
-        if "flash" not in context:
-            context["flash"] = " ".join(str(m) for m in get_flashed_messages()) or None
+        if "flash" not in context:  # a live part never takes the message meant for the page after an action
+            shown = [] if template.endswith("_part.html") else get_flashed_messages()
+            context["flash"] = " ".join(str(m) for m in shown) or None
         body = render_template(template, guard=guard, logged_in=guard.logged_in(request.cookies),
                                refresh_ms=REFRESH_MS, **context)
         return Response(body, status=status, mimetype="text/html")
@@ -105,7 +106,8 @@ def create_app(catalog: Catalog, guard: Guard, store: QueueStore, env: Mapping[s
         if run is None:
             return page("message.html", status=404, flash="No such run (it is no longer known here)",
                         title="No such run")
-        return page("run.html", d=detail(catalog, run), title=run.ref.name)
+        shown = detail(catalog, run)
+        return page("run.html", d=shown, title=shown.row.view.name)
 
     @app.get("/part/run/<rid>")
     def run_part(rid: str) -> BaseResponse:
@@ -172,8 +174,9 @@ def create_app(catalog: Catalog, guard: Guard, store: QueueStore, env: Mapping[s
                 return refused(f"No queue entry {eid}", 404)
             code = stop_entry(store, entry, timeout=0, out=out, err=err)
             return said(_stop_words(code, err.getvalue()), "/queue")
-        if verb not in ("add", "move", "remove", "pause", "resume"):
-            abort(404)
+        if (eid is None) != (verb in ("add", "pause", "resume")) or verb not in ("add", "move", "remove", "pause",
+                                                                                 "resume"):
+            abort(404)  # an entry's verb names its entry; the queue's verbs name none
         to = request.form.get("to")
         if verb == "move" and not (to or "").strip().isdigit():
             return said("move: give the new position as a number (1 is next)", "/queue")
