@@ -8,6 +8,7 @@ here is what a user types: ``DIR/venv/bin/litgpt finetune_lora DIR/checkpoints/t
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -72,8 +73,10 @@ class LitBed:
         return float(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+@functools.cache
 def build_bed() -> LitBed | str:
-    """The bed, built if needed; or why the tier cannot run here."""
+    """The bed, built if needed; or why the tier cannot run here. Once per test session: the setup's
+    check costs about 12 s even when the bed is built, and tests/slurm uses the bed too."""
     if os.environ.get("TRAINSUP_REALLITGPT") != "1":
         return ("TRAINSUP_REALLITGPT is not 1: set TRAINSUP_REALLITGPT=1 to run the real-LitGPT tier "
                 f"(it builds or reuses the bed with {SETUP})")

@@ -3,7 +3,7 @@
 slurmctld/slurmd. ``scancel -b -s USR1`` stands in for the deadline signal (what ``--signal`` sends,
 without waiting for a time limit); a requeued job runs again ~6 s after the requeue.
 
-The real sd-scripts bed is not run here (the demo trainer only)."""
+A real trainer (LitGPT's bed) runs in these jobs in ``test_slurm_real.py``."""
 
 from __future__ import annotations
 
