@@ -38,6 +38,9 @@ import sys
 from pathlib import Path
 
 from . import __version__
+from .commands.argtypes import at_least_one, seconds
+
+_COUNT, _ATTEMPT = at_least_one(), at_least_one("an attempt number")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -78,22 +81,22 @@ def _parser() -> argparse.ArgumentParser:
                           usage="trainsup logs [-f] [--attempt N] [--state DIR] PROJECT|RUN_DIR|ID")
     logs.add_argument("-f", "--follow", action="store_true",
                       help="keep printing as the run goes, through later attempts, until it ends")
-    logs.add_argument("--attempt", type=_positive_int, metavar="N", help="attempt N's log (default: the newest)")
+    logs.add_argument("--attempt", type=_ATTEMPT, metavar="N", help="attempt N's log (default: the newest)")
     logs.add_argument("--state", type=Path, metavar="DIR", help="the queue's state directory, for an entry ID")
     logs.add_argument("run", metavar="PROJECT|RUN_DIR|ID")
     stop = sub.add_parser("stop", help="ask a run's supervisor (or a queue entry) to stop, and wait until it has",
                           usage="trainsup stop [--timeout S] [--state DIR] PROJECT|RUN_DIR|ID")
     stop.add_argument("--state", type=Path, metavar="DIR", help="the queue's state directory, for an entry ID")
-    stop.add_argument("--timeout", type=_seconds, default=120.0, metavar="S",
+    stop.add_argument("--timeout", type=seconds, default=120.0, metavar="S",
                       help="how long to wait for it (default 120 s; it waits stop.grace_s for the trainer)")
     stop.add_argument("run", metavar="PROJECT|RUN_DIR|ID")
     serve = sub.add_parser("serve", help="the box's daemon: work through the queue of projects",
                            usage="trainsup serve [--state DIR] [--slots N] [--policy FILE]")
     serve.add_argument("--state", type=Path, metavar="DIR", help="the queue's state directory (default: "
                        "$TRAINSUP_STATE, else /var/lib/trainsup for root, else ~/.local/state/trainsup)")
-    serve.add_argument("--slots", type=_count, metavar="N",
+    serve.add_argument("--slots", type=_COUNT, metavar="N",
                        help="entries run at once (default: one per GPU, or 1 without GPUs)")
-    serve.add_argument("--min-free-mib", type=_count, default=2048, metavar="MIB",
+    serve.add_argument("--min-free-mib", type=_COUNT, default=2048, metavar="MIB",
                        help="a GPU with less free memory than this gets no entry (default 2048)")
     serve.add_argument("--policy", type=Path, metavar="FILE",
                        help="YAML whose notify: and metrics: sections the daemon uses (see config.example.yaml)")
@@ -124,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
     q_move = queue_sub.add_parser("move", help="put a queued entry at another place",
                                   usage="trainsup queue move [--state DIR] ID --to POS")
     q_move.add_argument("id", metavar="ID")
-    q_move.add_argument("--to", type=_count, required=True, metavar="POS", help="1 is next to start")
+    q_move.add_argument("--to", type=_COUNT, required=True, metavar="POS", help="1 is next to start")
     queue_sub.add_parser("pause", help="start nothing new; running entries finish",
                          usage="trainsup queue pause [--state DIR]")
     queue_sub.add_parser("resume", help="start entries again", usage="trainsup queue resume [--state DIR]")
@@ -145,7 +148,7 @@ def _parser() -> argparse.ArgumentParser:
                                  "PROJECT [SBATCH_OPTION...]", allow_abbrev=False,
                            epilog="Options trainsup does not know are sbatch's, written as #SBATCH lines; give "
                                   "them after PROJECT, a value joined by '=' (--time=04:00:00).")
-    slurm.add_argument("--lead", type=_count, default=300, metavar="S", help="the deadline signal comes S "
+    slurm.add_argument("--lead", type=_COUNT, default=300, metavar="S", help="the deadline signal comes S "
                        "seconds (to S+30) before the time limit: --signal=B:USR1@S (default 300)")
     slurm.add_argument("--singleton", action="store_true",
                        help="--dependency=singleton: one job of this name (and user) runs at a time")
@@ -157,36 +160,6 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--keep", type=Path, help="keep the demo's files in this directory")
     demo.add_argument("--verbose", action="store_true", help="show the trainer's own output")
     return parser
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an attempt number >= 1, got {text!r}")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text!r}")
-    return value
 
 
 EXIT_INTERNAL = 70  # EX_SOFTWARE
@@ -240,11 +213,9 @@ def _main(argv: list[str] | None) -> int:
     if args.verb == "serve":
         return _serve(args)
     if args.verb == "web":
-        from .service.queuestore import state_dir
         from .web.server import run_web
 
-        env = {**os.environ, **({"TRAINSUP_PROJECTS": str(args.projects)} if args.projects else {})}
-        return run_web(args.listen, state_dir(args.state), args.runs, env)
+        return run_web(args.listen, args.state, args.projects, args.runs, os.environ)
     if args.verb == "queue":
         from .commands.queue import run_queue
 
@@ -294,23 +265,12 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     daemon = Daemon(ServeOptions(state_dir(args.state), args.slots, args.min_free_mib, env=dict(os.environ),
                                  policy=policy))
-    page = None
-    if args.web is not None:  # the page beside the queue, from a thread of its own
-        from .web.server import WebError, WebServer
-
-        try:
-            page = WebServer(args.web, state_dir(args.state), (), os.environ)
-        except WebError as exc:
-            print(f"trainsup serve: error: --web: {exc}", file=sys.stderr)
-            return 2
-        print(page.banner(), file=sys.stderr, flush=True)
-        page.start()
     install_signal_handlers(daemon)
-    try:
+    if args.web is None:
         return daemon.run()
-    finally:
-        if page is not None:
-            page.close()
+    from .web.server import beside  # the page, from a thread of its own beside the queue's loop
+
+    return beside(args.web, state_dir(args.state), os.environ, daemon.run)
 
 
 def _report(args: argparse.Namespace) -> int:

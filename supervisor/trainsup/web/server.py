@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from waitress import wasyncore
 from waitress.server import create_server
 
-from ..service.queuestore import QueueStore
+from ..service.queuestore import QueueStore, state_dir
 from .app import create_app
 from .auth import Guard, TokenError, is_loopback, load_token
 from .runs import Catalog
@@ -94,10 +94,31 @@ class WebServer:
             self._thread.join(timeout=10)
 
 
-def run_web(listen: str, state: Path, named: Sequence[Path], env: Mapping[str, str]) -> int:
+def beside(listen: str, state: Path, env: Mapping[str, str], main: Callable[[], int]) -> int:
+    """``trainsup serve --web``: the page from a thread while ``main`` (the queue's loop) runs; 2 when
+    the page cannot be served (nothing is started then)."""
+    try:
+        server = WebServer(listen, state, (), env)
+    except WebError as exc:
+        print(f"trainsup serve: error: --web: {exc}", file=sys.stderr)
+        return 2
+    print(server.banner(), file=sys.stderr, flush=True)
+    server.start()
+    try:
+        return main()
+    finally:
+        server.close()
+
+
+def run_web(listen: str, state_arg: Path | None, projects: Path | None, named: Sequence[Path],
+            env: Mapping[str, str]) -> int:
     """``trainsup web``: 0 stopped by SIGTERM/SIGINT; 2 the page cannot be served."""
     import logging
     import signal
+
+    state = state_dir(state_arg, env)
+    if projects is not None:
+        env = {**env, "TRAINSUP_PROJECTS": str(projects)}
 
     # waitress warns on stderr whenever requests wait for a free thread ("Task queue depth"): a busy
     # moment of a page that refreshes itself, not something for the user to act on.
