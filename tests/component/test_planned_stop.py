@@ -53,6 +53,27 @@ def child(tmp: Path, script: str, *args: str) -> process.Child:
     return c
 
 
+def stop_once_ready(log: Path, events: queue.Queue[tuple[str, Any]], event: tuple[str, Any]) -> AttemptHooks:
+    """Put ``event`` on the attempt's queue once the child has said ``ready`` (from a thread), and the
+    hooks of an attempt that expects nothing else."""
+
+    def when_ready() -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if log.exists() and b"ready" in log.read_bytes():
+                events.put(event)
+                return
+            time.sleep(0.01)
+
+    threading.Thread(target=when_ready, daemon=True).start()
+
+    def never(*_a: Any) -> Any:
+        raise AssertionError("not expected")
+
+    return AttemptHooks(lambda *_a: None, lambda _p: None, lambda _e: None, lambda _o: None, lambda _c: None,
+                        lambda _f: False, lambda: False, never)
+
+
 def test_stop_tree_sends_the_planned_signal(tmp_path: Path) -> None:
     marker = tmp_path / "marker"
     c = child(tmp_path, SAVES_ON_SIGINT, str(marker))
@@ -75,21 +96,7 @@ def test_an_attempt_stopped_for_a_change_uses_the_planned_signal(tmp_path: Path)
     events: queue.Queue[tuple[str, Any]] = queue.Queue()
     log = tmp_path / "attempt.log"
 
-    def stop_when_ready() -> None:  # the engine's "stop at this checkpoint", once the child is up
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if log.exists() and b"ready" in log.read_bytes():
-                events.put(("stop_for_change", None))
-                return
-            time.sleep(0.01)
-
-    threading.Thread(target=stop_when_ready, daemon=True).start()
-
-    def never(*_a: Any) -> Any:
-        raise AssertionError("not expected")
-
-    hooks = AttemptHooks(lambda *_a: None, lambda _p: None, lambda _e: None, lambda _o: None, lambda _c: None,
-                         lambda _f: False, lambda: False, never)
+    hooks = stop_once_ready(log, events, ("stop_for_change", None))  # the engine's "stop at this checkpoint"
     started = time.monotonic()
     result = run_attempt([sys.executable, str(script), str(marker)], {}, tmp_path, log, FaultScanner(BUILTIN_RULES),
                          events, hooks, 10, 2, False, planned_signal=signal.SIGINT)
@@ -106,21 +113,7 @@ def test_a_stop_request_sends_the_trainer_the_signal_it_names(tmp_path: Path) ->
     events: queue.Queue[tuple[str, Any]] = queue.Queue()
     log = tmp_path / "attempt.log"
 
-    def stop_when_ready() -> None:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if log.exists() and b"ready" in log.read_bytes():
-                events.put(("signal", (signal.SIGUSR1, signal.SIGINT)))
-                return
-            time.sleep(0.01)
-
-    threading.Thread(target=stop_when_ready, daemon=True).start()
-
-    def never(*_a: Any) -> Any:
-        raise AssertionError("not expected")
-
-    hooks = AttemptHooks(lambda *_a: None, lambda _p: None, lambda _e: None, lambda _o: None, lambda _c: None,
-                         lambda _f: False, lambda: False, never)
+    hooks = stop_once_ready(log, events, ("signal", (signal.SIGUSR1, signal.SIGINT)))
     result = run_attempt([sys.executable, str(script), str(marker)], {}, tmp_path, log, FaultScanner(BUILTIN_RULES),
                          events, hooks, 10, 2, False)
     assert result.stop_signal == signal.SIGUSR1 and result.fault is None

@@ -8,6 +8,7 @@ the journal records the first fault, so a test can prove none of them changed af
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -159,3 +160,17 @@ def alive_pids(pids: list[int]) -> list[int]:
         except psutil.Error:
             continue
     return out
+
+
+def cli(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """A `trainsup` verb as a user runs it (from the repository root), its output kept."""
+    return subprocess.run(trainsup_cmd(*args), cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def status_of(arg: str, env: dict[str, str]) -> dict[str, Any]:
+    """`trainsup status --json ARG` of one run."""
+    done = cli("status", "--json", arg, env=env)
+    assert done.returncode == 0, done.stderr
+    [entry] = json.loads(done.stdout)
+    return dict(entry)

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, trainsup_cmd, wait_until
-from tests.e2e.demo_harness import FAST_POLICY, clean_env, demo_argv
+from tests.e2e.demo_harness import FAST_POLICY, clean_env, cli, demo_argv, status_of
 from trainsup.commands.status import RunView, format_line
 from trainsup.record.textfmt import eta_seconds, format_duration
 
@@ -50,18 +50,6 @@ class Run:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(timeout=30)
-
-
-def cli(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(trainsup_cmd(*args), cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout, check=False)
-
-
-def status_of(arg: str, env: dict[str, str]) -> dict[str, Any]:
-    done = cli("status", "--json", arg, env=env)
-    assert done.returncode == 0, done.stderr
-    [entry] = json.loads(done.stdout)
-    return dict(entry)
 
 
 def one_error_line(stderr: str, *naming: str) -> None:

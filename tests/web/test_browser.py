@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-from typing import Any
 from urllib.parse import quote
 
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
 
-from tests.conftest import ROOT, trainsup_cmd, wait_until
+from tests.conftest import wait_until
+from tests.e2e.demo_harness import cli, status_of
 from tests.web.conftest import OOM_AT, QUEUED_PROJECT, SAMPLE_EVERY, STEPS, Browser, DemoRun, Dirs
 
 STEP_TEXT = re.compile(rf"(\d+)/{STEPS}")
@@ -26,19 +25,6 @@ STEP_TEXT = re.compile(rf"(\d+)/{STEPS}")
 
 def run_path(run_id: str) -> str:
     return f"/run/{quote(run_id, safe='')}"
-
-
-def cli(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(trainsup_cmd(*args), cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout, check=False)
-
-
-def status_json(arg: str, env: dict[str, str]) -> dict[str, Any]:
-    """`trainsup status --json ARG` of one run, as a user asks it."""
-    done = cli("status", "--json", arg, env=env)
-    assert done.returncode == 0, done.stderr
-    [entry] = json.loads(done.stdout)
-    return dict(entry)
 
 
 def submit(form: WebElement) -> None:
@@ -206,7 +192,7 @@ def test_stop_is_refused_without_the_token_and_stops_the_run_with_it(browser: Br
     form.find_element(By.CSS_SELECTOR, "button.stop").click()
     browser.wait_text("#flash", "needs the token")
     assert browser.status_of(url) == 403, browser.documents()
-    assert status_json(str(demo.run_dir), dirs.env)["state"] == "running"
+    assert status_of(str(demo.run_dir), dirs.env)["state"] == "running"
     assert demo.proc.poll() is None, "a refused stop stopped the run"
 
     browser.login(page)
@@ -214,4 +200,4 @@ def test_stop_is_refused_without_the_token_and_stops_the_run_with_it(browser: Br
     browser.wait_text("#flash", "stop requested")
     browser.wait_text("#summary .state", "stopped", exact=True, timeout=60)
     assert demo.proc.wait(timeout=30) == 143, demo.tail()  # trainsup's exit on SIGTERM
-    assert status_json(str(demo.run_dir), dirs.env)["state"] == "stopped"
+    assert status_of(str(demo.run_dir), dirs.env)["state"] == "stopped"
