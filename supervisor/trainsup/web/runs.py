@@ -58,7 +58,8 @@ class Catalog:
         found: dict[str, KnownRun] = {}
 
         def add(ref: RunRef, source: str, entry: Entry | None = None) -> None:
-            key = run_id(ref.run_dir if ref.run_dir is not None else (ref.project or ref.name))
+            # one run dir is one run, however it is named (a project's, a queue entry's, typed)
+            key = run_id(ref.run_dir.resolve() if ref.run_dir is not None else (ref.project or ref.name))
             known = found.setdefault(key, KnownRun(key, ref))
             known.sources.append(source)
             if entry is not None and (known.entry is None or entry.seq > known.entry.seq):
