@@ -12,6 +12,7 @@ step ends the run when the trainer would train past it.
 
 from __future__ import annotations
 
+import glob
 import shutil
 import time
 from collections.abc import Callable
@@ -78,6 +79,7 @@ class ResumePoints(LedgerStates):
     def begin(self, attempt: int, resume_step: int, output_name: str | None = None,
               skips: bool = True) -> AttemptSaves:
         """Enter the attempt in the ledger; returns the step saves it must make."""
+        self._set_aside_leftovers(attempt)
         self.attempt, self.output_name, self.resume_step = attempt, output_name, resume_step
         self.attempt_started = time.time()
         self.run_complete, self.final_from = False, None
@@ -91,6 +93,18 @@ class ResumePoints(LedgerStates):
         self.ledger.save()
         self.saves = self._plan(rec)
         return self.saves
+
+    def _set_aside_leftovers(self, attempt: int) -> None:
+        """What an earlier attempt left under its own ``NAME-trainsupN`` name and never completed (it
+        was killed mid-save) goes into ``RUN_DIR/set-aside/``: no attempt will finish it, and no
+        uninterrupted run would show it. Its complete saves were hidden or published when claimed."""
+        for rec in self.ledger.attempts:
+            if rec.attempt == attempt or not rec.output_name or rec.output_name == self.user_output_name:
+                continue
+            for prefix in _names(rec.output_name):
+                for path in sorted(self.output_dir.glob(f"{glob.escape(prefix)}[-.]*")):
+                    if self.ledger.step_of(path) is None:
+                        self.publisher.set_aside(path, f"attempt {rec.attempt}'s own save, left incomplete")
 
     def _plan(self, rec: AttemptRecord) -> AttemptSaves:
         """The step saves of an attempt, from what the ledger knows of it (or of the one before)."""

@@ -50,10 +50,15 @@ class Publisher:
             return False
         if not ours or complete(dst):
             return False  # a complete save of this step is there already, or not ours to touch
-        target = move_into(dst, self.run_dir / "set-aside")
-        self.moved(dst, target)
-        self.event("state_set_aside", dir=str(dst), to=str(target), why="incomplete: replaced by a complete save")
+        self.set_aside(dst, "incomplete: replaced by a complete save")
         return True
+
+    def set_aside(self, path: Path, why: str) -> Path:
+        """Move a save this run left incomplete into ``RUN_DIR/set-aside/`` (never deleted)."""
+        target = move_into(path, self.run_dir / "set-aside")
+        self.moved(path, target)
+        self.event("state_set_aside", dir=str(path), to=str(target), why=why)
+        return target
 
     def weights(self, src: Path, name: str) -> Path | None:
         """Publish a weights file as ``name``; None when the name is taken by a complete file."""
