@@ -12,6 +12,10 @@ the config the run was started with has ``latent_caching`` on, that call raises 
 torch raises for tensors on two devices. The patch is made by an import hook on
 ``modules.trainer.GenericTrainer`` (wrapping methods of the loaded module); nothing of OneTrainer
 is copied here.
+
+``TRAINSUP_OT_SLOW_OPTIMIZER_SAVE_S=S`` holds OneTrainer for S seconds after it writes a backup's
+``optimizer.pt`` (before its ``meta.json``), so a test that kills it inside a backup finds that moment
+on loaded cores too; it changes no byte OneTrainer writes.
 """
 
 from __future__ import annotations
@@ -80,3 +84,19 @@ if os.environ.get("TRAINSUP_OT_SEED"):
     import torch
 
     torch.manual_seed(int(os.environ["TRAINSUP_OT_SEED"]))
+
+if os.environ.get("TRAINSUP_OT_SLOW_OPTIMIZER_SAVE_S"):
+    import time
+
+    import torch
+
+    _pause = float(os.environ["TRAINSUP_OT_SLOW_OPTIMIZER_SAVE_S"])
+    _save = torch.save
+
+    def _slow_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+        result = _save(obj, f, *args, **kwargs)
+        if str(f).endswith("optimizer.pt"):
+            time.sleep(_pause)  # the backup is half written now: optimizer.pt there, meta.json not yet
+        return result
+
+    torch.save = _slow_save

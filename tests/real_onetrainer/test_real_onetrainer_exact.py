@@ -28,7 +28,7 @@ import pytest
 
 from tests.e2e.demo_harness import supervise
 from tests.real_onetrainer.bed import OTBed, trainer_process
-from tests.real_onetrainer.test_real_onetrainer import POLICY, KillInBackup
+from tests.real_onetrainer.test_real_onetrainer import POLICY, SLOW_BACKUP, KillInBackup
 
 HERE = Path(__file__).resolve().parent
 SEED = int(os.environ.get("TRAINSUP_KILL_SEED", "20"))
@@ -104,8 +104,8 @@ def test_a_kill_at_a_seeded_step_ends_with_the_uninterrupted_runs_backups_and_we
         step = draw.choice([9, 14])  # killed while that backup's files are being written
         killer = KillInBackup(ws / "backup", step)
     killer.start()
-    run = supervise(ot_bed.command(cfg), ws, tmp_path, env=seeded_env(ot_bed), policy=POLICY, cwd=ot_bed.cwd,
-                    timeout=600)
+    env = seeded_env(ot_bed) if where == "between backups" else {**seeded_env(ot_bed), **SLOW_BACKUP}
+    run = supervise(ot_bed.command(cfg), ws, tmp_path, env=env, policy=POLICY, cwd=ot_bed.cwd, timeout=600)
     killer.join(timeout=5)
     landed = killer.killed_at if isinstance(killer, KillAtStep) else killer.partial
     assert landed is not None, f"the kill never landed ({where}, step {step}, seed {SEED})"
