@@ -51,13 +51,14 @@ class MetricsPolicy:
     textfile: str | None = None  # a .prom file, replaced atomically; relative: in the run dir
 
 
-def parse_listen(value: str) -> tuple[str, int]:
-    """``"127.0.0.1:9464"``, ``"[::1]:9464"``, ``"0.0.0.0:9464"`` or a bare ``"9464"`` (loopback)."""
+def parse_listen(value: str, any_port: bool = False) -> tuple[str, int]:
+    """``"127.0.0.1:9464"``, ``"[::1]:9464"``, ``"0.0.0.0:9464"`` or a bare ``"9464"`` (loopback);
+    ``any_port``: port 0 too (the system picks a free one)."""
     host, sep, port = value.rpartition(":")
     if not sep:
         host, port = "127.0.0.1", value
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+    if not host or not port.isdigit() or not (0 if any_port else 1) <= int(port) <= 65535:
         raise ValueError(f"{value!r}")
     return host, int(port)
 

@@ -19,6 +19,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..commands.runref import attempt_logs
+
 MAX_FILE = 32 * 1024 * 1024
 TAIL_BYTES = 64 * 1024
 TAIL_LINES = 200
@@ -26,7 +28,6 @@ MAX_SAMPLES = 48
 IMAGE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".webp": "image/webp",
                ".gif": "image/gif"}
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
-_LOG = re.compile(r"attempt-(\d+)\.log")
 
 
 class Refused(Exception):
@@ -128,19 +129,10 @@ def _images(folder: Path, depth: int) -> list[Path]:
     return out
 
 
-def attempt_logs(run_dir: Path) -> list[tuple[int, Path]]:
-    try:
-        names = os.listdir(run_dir)
-    except OSError:
-        return []
-    found = [(int(m.group(1)), run_dir / n) for n in names if (m := _LOG.fullmatch(n))]
-    return sorted(found)
-
-
 def log_tail(run_dir: Path, lines: int = TAIL_LINES) -> list[tuple[int, str]]:
     """The last ``lines`` lines of the run's attempt logs, each with its attempt, oldest first."""
     out: list[tuple[int, str]] = []
-    for attempt, path in reversed(attempt_logs(run_dir)):
+    for attempt, path in sorted(attempt_logs(run_dir).items(), reverse=True):
         got = [(attempt, line) for line in _tail(path)]
         out[:0] = got
         if len(out) >= lines:

@@ -241,20 +241,13 @@ def _loss_chart(records: RunRecords, starts: list[dict[str, Any]]) -> Markup | N
     marks = [plots.Mark(float(_int(d.get("resume_step")) or 0), f"#{d['attempt']}", "boundary",
                         f"attempt {d['attempt']} resumed at step {_int(d.get('resume_step')) or 0}")
              for d in starts if d["attempt"] > 1 or _int(d.get("resume_step"))]
-    for d in records.decisions:
-        if d.get("event") == "attempt_end" and _fault_of(records.decisions, d) is not None:
-            marks.append(plots.Mark(float(_int(d.get("step")) or 0), f"{_fault_of(records.decisions, d)} "
-                                    f"(attempt {d.get('attempt')})", "fault"))
+    faults = {d.get("attempt"): str(d.get("class")) for d in records.decisions if d.get("event") == "fault"}
+    marks += [plots.Mark(float(_int(d.get("step")) or 0), f"{faults[d.get('attempt')]} (attempt {d.get('attempt')})",
+                         "fault")
+              for d in records.decisions if d.get("event") == "attempt_end" and d.get("attempt") in faults]
     if not any(bins for _, bins in series):
         return None  # steps, but no loss shown yet
     return plots.line_chart(series, marks, "step", "loss", (min([lo, *(m.x for m in marks)]), hi))
-
-
-def _fault_of(decisions: list[dict[str, Any]], end: dict[str, Any]) -> str | None:
-    for d in decisions:
-        if d.get("event") == "fault" and d.get("attempt") == end.get("attempt"):
-            return str(d.get("class"))
-    return None
 
 
 def _gpu_chart(records: RunRecords, starts: list[dict[str, Any]]) -> Markup | None:

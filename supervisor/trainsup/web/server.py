@@ -16,6 +16,7 @@ from typing import Any
 from waitress import wasyncore
 from waitress.server import create_server
 
+from ..run.policy import parse_listen
 from ..service.queuestore import QueueStore, state_dir
 from .app import create_app
 from .auth import Guard, TokenError, is_loopback, load_token
@@ -32,13 +33,10 @@ class WebError(Exception):
 
 def parse_address(value: str) -> tuple[str, int]:
     """``HOST:PORT``, ``[::1]:PORT`` or a bare ``PORT`` (loopback); port 0 takes any free one."""
-    host, sep, port = value.strip().rpartition(":")
-    if not sep:
-        host, port = "127.0.0.1", value.strip()
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise WebError(f"--listen: expected HOST:PORT (127.0.0.1:8470), [::1]:PORT or PORT, got {value!r}")
-    return host, int(port)
+    try:
+        return parse_listen(value.strip(), any_port=True)
+    except ValueError:
+        raise WebError(f"--listen: expected HOST:PORT (127.0.0.1:8470), [::1]:PORT or PORT, got {value!r}") from None
 
 
 class WebServer:
