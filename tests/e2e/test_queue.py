@@ -157,6 +157,41 @@ def test_pause_inbox_move_and_stop_of_one_entry(assets: dict[str, Path], tmp_pat
     assert _stop(daemon) == 0
 
 
+def test_inbox_files_that_are_not_utf8_text_are_rejected_and_the_daemon_runs_the_next_good_one(
+        assets: dict[str, Path], tmp_path: Path, state: Path) -> None:
+    """A UTF-16 file without its byte-order mark, a Latin-1 one and a binary one dropped into the inbox
+    of a real ``trainsup serve``: each is moved to inbox/rejected/ beside the reason, the daemon stays
+    up (it used to die with exit 70, and again at every restart), and a good drop after them runs."""
+    text = _project(tmp_path / "p", "good", assets, steps=4).read_text().replace(
+        "run_dir: run-good", f"run_dir: {tmp_path / 'p' / 'run-good'}")
+    daemon = _serve(state, tmp_path / "serve.log", "--slots", "1")
+    inbox = state / "inbox"
+    inbox.mkdir(parents=True, exist_ok=True)
+    bad = {"utf16.yaml": text.encode("utf-16-le"), "latin.yaml": f"{text}description: café\n".encode("latin-1"),
+           "binary.yaml": bytes(range(256)) * 4}
+    for name, raw in bad.items():
+        (inbox / name).write_bytes(raw)
+    rejected = inbox / "rejected"
+    wait_until(lambda: all((rejected / f"{name}.error").exists() for name in bad), timeout=30,
+               what="the three bad drops rejected")
+    assert daemon.poll() is None, (tmp_path / "serve.log").read_text()
+    reasons = {name: (rejected / f"{name}.error").read_text() for name in bad}
+    assert "UTF-16 text without a byte-order mark; save it as UTF-8" in reasons["utf16.yaml"]
+    assert "not UTF-8 text (byte 0xe9 at line " in reasons["latin.yaml"] and "save it as UTF-8" in reasons["latin.yaml"]
+    assert "a binary file, not a text project file" in reasons["binary.yaml"]
+    assert all((rejected / name).read_bytes() == raw for name, raw in bad.items())  # the user's files, kept
+    (inbox / "good.yaml").write_text(text)
+    wait_until(lambda: _queue(state).get("q1", {}).get("state") == "finished", timeout=120, what="the good drop ran")
+    assert (inbox / "added" / "q1-good.yaml").is_file()
+    assert (tmp_path / "p" / "out-good" / "lora.safetensors").is_file()
+    assert json.loads((state / "status.json").read_text())["state"] == "serving" and daemon.poll() is None
+    assert _stop(daemon) == 0
+    assert json.loads((state / "status.json").read_text())["state"] == "stopped"
+    assert "Traceback" not in (tmp_path / "serve.log").read_text()
+    events = [e["event"] for e in read_events(state)]
+    assert events.count("inbox_rejected") == 3 and events.count("inbox_added") == 1
+
+
 def test_the_daemon_killed_mid_queue_adopts_live_runs_and_resumes_dead_ones(
         assets: dict[str, Path], tmp_path: Path, state: Path) -> None:
     slow = {"TRAINSUP_DEMO_STEP_SECONDS": "0.25"}

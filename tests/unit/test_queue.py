@@ -19,7 +19,14 @@ from trainsup.service import inbox
 from trainsup.service.control import ControlServer, ask
 from trainsup.service.daemon import status_text
 from trainsup.service.entryproc import entry_env, journal_ending
-from trainsup.service.queuestore import Entry, QueueError, QueueStore, queued_positions, state_dir
+from trainsup.service.queuestore import (
+    DuplicateEntry,
+    Entry,
+    QueueError,
+    QueueStore,
+    queued_positions,
+    state_dir,
+)
 from trainsup.service.scheduler import plan_starts
 
 
@@ -56,7 +63,6 @@ def test_an_entry_is_a_frozen_copy_whose_paths_still_point_at_the_project(tmp_pa
     assert queued.cwd == (tmp_path / "proj").resolve()  # relative to the original, not to the copy
     assert entry.run_dir == str((tmp_path / "proj" / "out-lora" / ".trainsup").resolve())
     assert stat.S_IMODE(store.root.stat().st_mode) == 0o700
-    assert store.add(original).id == "q2"
 
 
 def test_an_invalid_project_is_refused_with_its_line_and_nothing_is_queued(tmp_path: Path) -> None:
@@ -72,6 +78,7 @@ def test_gpus_given_at_add_win_over_the_projects_own(tmp_path: Path) -> None:
     store = QueueStore(tmp_path / "state")
     path = _project(tmp_path / "p", "a", "gpus: [0, 1]\n")
     assert store.add(path).gpus == ["0", "1"]
+    store.remove("q1")
     entry = store.add(path, gpus=["3"])
     assert entry.gpus == ["3"]
     assert "'3'" in Path(entry.file).read_text() or "- '3'" in Path(entry.file).read_text()
@@ -79,8 +86,8 @@ def test_gpus_given_at_add_win_over_the_projects_own(tmp_path: Path) -> None:
 
 def test_order_is_priority_then_arrival_and_move_reorders_the_waiting(tmp_path: Path) -> None:
     store = QueueStore(tmp_path / "state")
-    path = _project(tmp_path / "p", "a")
-    for prio in (0, 0, 5, 0):
+    paths = [_project(tmp_path / "p", f"a{n}") for n in range(4)]
+    for path, prio in zip(paths, (0, 0, 5, 0), strict=True):
         store.add(path, priority=prio)
     assert [e.id for e in store.entries()] == ["q3", "q1", "q2", "q4"]
     order = store.move("q4", 1)
@@ -100,7 +107,57 @@ def test_order_is_priority_then_arrival_and_move_reorders_the_waiting(tmp_path: 
     assert store.remove("q1").id == "q1" and not (store.queue_dir / "q1").exists()
     with pytest.raises(QueueError, match="no queue entry 'q1'"):
         store.get("q1")
-    assert store.add(path).id == "q5"  # ids are never reused
+    assert store.add(paths[0]).id == "q5"  # ids are never reused
+
+
+def test_ids_are_never_reused_even_after_the_newest_entries_are_removed(tmp_path: Path) -> None:
+    store = QueueStore(tmp_path / "state")
+    paths = [_project(tmp_path / "p", f"a{n}") for n in range(5)]
+    assert [store.add(p).id for p in paths[:3]] == ["q1", "q2", "q3"]
+    for entry_id in ("q3", "q2", "q1"):
+        store.remove(entry_id)
+    assert store.entries() == []
+    assert store.add(paths[3]).id == "q4"
+    assert store.seq_file.read_text() == "4\n"
+    store.seq_file.write_text("garbage")  # an unreadable counter: the folders still count
+    assert store.add(paths[4]).id == "q5"
+
+
+def test_a_queue_from_before_the_counter_goes_on_from_its_highest_id(tmp_path: Path) -> None:
+    store = QueueStore(tmp_path / "state")
+    paths = [_project(tmp_path / "p", f"a{n}") for n in range(5)]
+    for p in paths[:3]:
+        store.add(p)
+    store.seq_file.unlink()  # as an older trainsup left it: entries, no counter
+    (store.queue_dir / "q7").mkdir()  # and a folder an interrupted add left without its entry.json
+    assert store.add(paths[3]).id == "q8"
+    store.seq_file.unlink()
+    store.remove("q8")  # removing the newest entry of a counterless queue spends its id all the same
+    store.remove("q3")
+    (store.queue_dir / "q7").rmdir()
+    assert store.add(paths[4]).id == "q9"
+
+
+def test_a_project_already_queued_or_running_is_refused_naming_its_entry(tmp_path: Path) -> None:
+    store = QueueStore(tmp_path / "state")
+    path = _project(tmp_path / "p", "lora")
+    store.add(path)
+    with pytest.raises(DuplicateEntry, match=r"lora.yaml: already in the queue as q1 \(queued; project lora, same "
+                                             r"file\); remove it first \(trainsup queue remove q1\)"):
+        store.add(path)
+    same_run_dir = tmp_path / "p" / "lora-copy.yaml"  # another file writing to the same run dir
+    same_run_dir.write_text(path.read_text())
+    with store.locked():
+        store.update("q1", state="running")
+    with pytest.raises(DuplicateEntry, match=r"lora-copy.yaml: already in the queue as q1 \(running; project lora, "
+                                             r"same run dir .*out-lora/.trainsup\); stop it first \(trainsup stop q1\)"):
+        store.add(same_run_dir)
+    other_folder = _project(tmp_path / "elsewhere", "lora")  # the same name is another project
+    assert store.add(other_folder).id == "q2"
+    with store.locked():
+        store.update("q1", state="finished")
+    assert store.add(path).id == "q3"  # an ended entry does not hold its project back
+    assert [e.id for e in store.entries() if e.state == "queued"] == ["q2", "q3"]
 
 
 def _entry(n: int, **kw: object) -> Entry:
@@ -159,6 +216,45 @@ def test_the_inbox_queues_settled_files_and_moves_rejects_aside_with_the_reason(
     journal.close()
     kinds = [e["event"] for e in read_events(store.root)]
     assert sorted(kinds) == ["inbox_added", "inbox_rejected"]
+
+
+def test_an_inbox_file_that_is_not_text_a_duplicate_or_anything_else_bad_is_rejected_never_fatal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = QueueStore(tmp_path / "state")
+    store.ensure()
+    journal = Journal(store.root)
+    said: list[str] = []
+    text = _project(tmp_path / "p", "lora").read_text().replace("cwd: .", f"cwd: {tmp_path / 'p'}")
+    drops = {"utf16.yaml": text.encode("utf-16-le"), "latin.yaml": (text + "description: café\n").encode("latin-1"),
+             "binary.yaml": bytes(range(256)), "lora.yaml": text.encode()}
+    for name, raw in drops.items():
+        (store.inbox / name).write_bytes(raw)
+
+    def later() -> float:  # every drop has settled
+        return time.time() + 10
+
+    assert inbox.take(store, journal, said.append, now=later) is False
+    assert [(e.id, e.project) for e in store.entries()] == [("q1", "lora")]
+    (store.inbox / "lora.yaml").write_bytes(text.encode())  # the same drop again while q1 waits
+    inbox.take(store, journal, said.append, now=later)
+    rejected = store.inbox / "rejected"
+    errors = {p.name: p.read_text() for p in rejected.glob("*.error")}
+    assert "UTF-16 text without a byte-order mark; save it as UTF-8" in errors["utf16.yaml.error"]
+    assert "not UTF-8 text (byte 0xe9 at line 3, column 17); save it as UTF-8" in errors["latin.yaml.error"]
+    assert "a binary file, not a text project file" in errors["binary.yaml.error"]
+    assert "already in the queue as q1 (queued; project lora, same file)" in errors["lora.yaml.error"]
+    assert sorted(p.name for p in rejected.iterdir() if p.suffix == ".yaml") == sorted(drops)  # kept, never deleted
+
+    def broken(*_args: object, **_kw: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(store, "add", broken)  # anything unexpected with one file rejects that file
+    (store.inbox / "odd.yaml").write_text(text)
+    assert inbox.take(store, journal, said.append, now=later) is False
+    assert "cannot be queued (RuntimeError: a bug)" in (rejected / "odd.yaml.error").read_text()
+    journal.close()
+    kinds = [e["event"] for e in read_events(store.root)]
+    assert kinds.count("inbox_rejected") == 5 and kinds.count("inbox_added") == 1
 
 
 def test_the_control_socket_is_the_owners_alone_and_answers_through_the_loop(tmp_path: Path) -> None:

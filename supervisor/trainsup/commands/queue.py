@@ -23,7 +23,16 @@ from ..run.project import ProjectError, find_project
 from ..service.control import ask
 from ..service.daemon import status_text
 from ..service.entryproc import live_supervisor
-from ..service.queuestore import ENDED, Entry, QueueError, QueueStore, counts, queued_positions, state_dir
+from ..service.queuestore import (
+    ENDED,
+    DuplicateEntry,
+    Entry,
+    QueueError,
+    QueueStore,
+    counts,
+    queued_positions,
+    state_dir,
+)
 from .pidcheck import check_supervisor
 
 EXIT_OK = 0
@@ -70,6 +79,8 @@ def run_queue(verb: str, *, state: Path | None, env: Mapping[str, str], out: Tex
             return EXIT_OK
     except QueueError as exc:
         print(f"trainsup queue: error: {exc}", file=err)
+        if isinstance(exc, DuplicateEntry):
+            return EXIT_USAGE
         return EXIT_REFUSED if "is running" in str(exc) or "only queued" in str(exc) else EXIT_USAGE
     except OSError as exc:
         print(f"trainsup queue: error: cannot use the state directory {store.root}: {exc.strerror or exc}", file=err)

@@ -29,6 +29,7 @@ from typing import TextIO
 import yaml
 
 from ..record.fsutil import atomic_write_text
+from ..record.textfile import NotTextError, read_text
 from ..run.project import SUFFIXES, ProjectError, load_project, parse_project, project_name, projects_dir
 from .service_units import UNIT_NAME, UnitValueError, parse_systemd_version, unit_text
 
@@ -126,7 +127,10 @@ def install(source: Path, projects: Path, units: Path, unit: str, user: bool = F
 
 
 def _installed_text(source: Path, projects: Path) -> tuple[str, list[str]]:
-    text = source.read_text(encoding="utf-8")  # load_project has just read it
+    try:
+        text = read_text(source, "project file")  # load_project has just read it (a UTF-16 one is copied as UTF-8)
+    except (OSError, NotTextError) as exc:
+        raise ServiceError(f"{source}: cannot read the project file ({exc})") from None
     raw = yaml.safe_load(text)
     cwd = raw.get("cwd") if isinstance(raw, dict) else None
     home = source.resolve().parent
@@ -152,11 +156,7 @@ def _place_project(source: Path, projects: Path, name: str, text: str, notes: li
     for candidate in (projects / name, *(projects / f"{name}{s}" for s in SUFFIXES)):
         if not candidate.is_file() or candidate.resolve() == source.resolve():
             continue
-        try:
-            same = candidate.read_text(encoding="utf-8") == text
-        except (OSError, UnicodeDecodeError):
-            same = False
-        if not same:
+        if _text_of(candidate) != text:
             raise ServiceError(f"{candidate} already exists and differs from {source}; remove it, or "
                                "install under another file name")
         if candidate != target:
@@ -167,7 +167,7 @@ def _place_project(source: Path, projects: Path, name: str, text: str, notes: li
 
 
 def _write_project(target: Path, text: str, source: Path, notes: list[str], user: bool) -> None:
-    if target.resolve() == source.resolve() or (target.is_file() and target.read_text(encoding="utf-8") == text):
+    if target.resolve() == source.resolve() or (target.is_file() and _text_of(target) == text):
         return
     try:
         atomic_write_text(target, text)
@@ -181,6 +181,14 @@ def _write_project(target: Path, text: str, source: Path, notes: list[str], user
     if not user and not mode & 0o004:
         notes.append(f"note: {target} is readable by its owner only (as {source} was): a User= drop-in's "
                      "user needs to read it")
+
+
+def _text_of(path: Path) -> str | None:
+    """The file's text, or None when it cannot be read as text (then it differs from any text)."""
+    try:
+        return read_text(path, "project file")
+    except (OSError, NotTextError):
+        return None
 
 
 def _write_unit(path: Path, text: str) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from ..record.textfile import NotTextError, read_text
 from ..sensors.gpuwatch import GpuPolicy
 from ..sensors.hang import HangPolicy
 from ..trainers.base import Settings
@@ -301,9 +302,11 @@ def load_policy(path: Path | None, allow: frozenset[str] = frozenset()) -> Polic
     if path is None:
         return Policy()
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path, "policy file")
     except OSError as exc:
         raise PolicyError(f"{path}: cannot read the policy ({exc.strerror or exc})") from None
+    except NotTextError as exc:
+        raise PolicyError(str(exc)) from None
     return parse_policy(text, str(path), allow)
 
 

@@ -3,8 +3,9 @@
 A project file is a policy (every section of ``config.example.yaml``) plus what to run:
 ``command:`` (a list of argv strings, or one string split the shell's way), ``cwd:``, ``env:`` (a
 map), ``gpus:`` (sets ``CUDA_VISIBLE_DEVICES``), ``run_dir:`` and ``description:``. Errors name the
-file and line like the policy's. Relative paths are taken from the project file's directory (``cwd``)
-and from ``cwd`` (``run_dir``).
+file and line like the policy's. The file is UTF-8 (a byte-order mark is honoured: Notepad's UTF-16
+works); anything else is refused naming the byte at fault (see ``record.textfile``). Relative paths
+are taken from the project file's directory (``cwd``) and from ``cwd`` (``run_dir``).
 
 The projects directory is ``$TRAINSUP_PROJECTS``, else ``/etc/trainsup/projects`` for root and
 ``$XDG_CONFIG_HOME/trainsup/projects`` (``~/.config/trainsup/projects``) for anyone else; the
@@ -26,9 +27,11 @@ from typing import Any
 
 import yaml
 
+from ..record.textfile import NotTextError, read_text
 from ..trainers.base import Setup, UsageError
 from ..trainers.registry import open_run
 from .policy import Policy, PolicyError, parse_policy
+from .rundir import this_runs_dir
 
 PROJECT_KEYS = frozenset({"command", "cwd", "env", "gpus", "run_dir", "description", "trainer"})
 SUFFIXES = (".yaml", ".yml")
@@ -59,7 +62,7 @@ class Project:
             return self.run_dir
         try:
             setup = Setup(self.command, self.cwd, self.policy.trainer_settings())
-            return open_run(setup, self.trainer).default_run_dir(self.cwd).resolve()
+            return this_runs_dir(open_run(setup, self.trainer), None, self.cwd)
         except (UsageError, OSError):
             return (self.cwd / ".trainsup").resolve()
 
@@ -102,9 +105,11 @@ def project_name(path: Path) -> str:
 
 def load_project(path: Path) -> Project:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path, "project file")
     except OSError as exc:
         raise ProjectError(f"{path}: cannot read the project file ({exc.strerror or exc})") from None
+    except NotTextError as exc:
+        raise ProjectError(str(exc)) from None
     return parse_project(text, path)
 
 

@@ -313,6 +313,7 @@ class Daemon:
             with contextlib.suppress(Exception):
                 getattr(self, part).stop()
         self.reporting.close()
+        self.journal.status(state="stopped", pid=os.getpid())  # never "serving" once it has gone
         self.journal.event("serve_stop", signal=self.stop_signal)
         self.journal.close()
         self.probe.close()

@@ -3,8 +3,10 @@ is queued like ``trainsup queue add``.
 
 The dropped file is the user's, so it is moved, never deleted: to ``inbox/added/ID-NAME.yaml`` once
 queued, or to ``inbox/rejected/NAME.yaml`` beside ``NAME.yaml.error`` (what is wrong with it) when it
-is not a valid project. A file still being written (changed within the last ``QUIET_S``) waits for the
-next look; editors' and scp's temporary names are passed over.
+is not a valid project: not UTF-8 text (see ``record.textfile``), a binary file, a project already
+queued or running, or anything else that goes wrong with that one file (the daemon goes on). A file
+still being written (changed within the last ``QUIET_S``) waits for the next look; editors' and
+scp's temporary names are passed over.
 """
 
 from __future__ import annotations
@@ -41,18 +43,37 @@ def take(store: QueueStore, journal: Journal, say: Callable[[str], None], now: C
         try:
             entry = store.add(path)
         except QueueError as exc:
-            rejected = _move(path, store.inbox / "rejected", path.name)
-            try:
-                atomic_write_text(rejected.with_name(rejected.name + ".error"), f"{exc}\n")
-            except OSError:
-                pass
-            journal.event("inbox_rejected", file=path.name, moved_to=str(rejected), error=str(exc))
-            say(f"inbox: {path.name} is not queued: {exc} (moved to {rejected})")
+            _reject(store, journal, say, path, str(exc))
             continue
-        kept = _move(path, store.inbox / "added", f"{entry.id}-{path.name}")
+        except Exception as exc:  # noqa: BLE001 - one file, however bad, never takes the daemon down
+            _reject(store, journal, say, path, f"{path}: cannot be queued ({type(exc).__name__}: {exc})")
+            continue
+        try:
+            kept = _move(path, store.inbox / "added", f"{entry.id}-{path.name}")
+        except OSError as exc:
+            say(f"inbox: {path.name} queued as {entry.id} but cannot be moved to inbox/added/ "
+                f"({exc.strerror or exc}); remove it from the inbox")
+            continue
         journal.event("inbox_added", file=path.name, id=entry.id, project=entry.project, moved_to=str(kept))
         say(f"inbox: {path.name} queued as {entry.id}")
     return again
+
+
+def _reject(store: QueueStore, journal: Journal, say: Callable[[str], None], path: Path, error: str) -> None:
+    """Move ``path`` to ``inbox/rejected/`` beside ``NAME.error`` saying why; a file that cannot even be
+    moved stays where it is (said once per look), and the daemon goes on."""
+    try:
+        rejected = _move(path, store.inbox / "rejected", path.name)
+    except OSError as exc:
+        say(f"inbox: {path.name} is not queued: {error}; and it cannot be moved to inbox/rejected/ "
+            f"({exc.strerror or exc}): remove it from the inbox")
+        return
+    try:
+        atomic_write_text(rejected.with_name(rejected.name + ".error"), f"{error}\n")
+    except OSError:
+        pass
+    journal.event("inbox_rejected", file=path.name, moved_to=str(rejected), error=error)
+    say(f"inbox: {path.name} is not queued: {error} (moved to {rejected})")
 
 
 def _move(path: Path, folder: Path, name: str) -> Path:

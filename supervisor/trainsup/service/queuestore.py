@@ -11,8 +11,14 @@ The queue is plain files so that it outlives the daemon and can be read without 
 
 Every read-modify-write happens under ``STATE/queue.lock`` (``flock``), taken briefly, so the
 command line and the daemon never lose each other's edits. Ids are ``q1``, ``q2``, ... in order of
-arrival. The queue order is priority (higher first), then position (arrival, or where ``move`` put
-the entry).
+arrival, never reused: ``STATE/queue.seq`` keeps the last number given (a queue dir without it, from
+an older trainsup, goes on from its highest id). The queue order is priority (higher first), then
+position (arrival, or where ``move`` put the entry).
+
+One project is in the queue once: ``add`` refuses a project while an entry of it is queued or
+running, the same project being the same file (resolved path; for an inbox drop, the same name in
+the inbox) or the same run dir (two entries on one run dir would take each other's run over). A
+name alone is not a project: two ``lora.yaml`` in two folders are two projects.
 
 The state directory is ``--state``, else ``$TRAINSUP_STATE``, else ``/var/lib/trainsup`` for root and
 ``$XDG_STATE_HOME/trainsup`` (``~/.local/state/trainsup``) for anyone else.
@@ -24,6 +30,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -33,14 +40,21 @@ from typing import Any
 import yaml
 
 from ..record.fsutil import atomic_write_text
-from ..run.project import ProjectError, load_project
+from ..record.textfile import NotTextError, read_text
+from ..run.project import ProjectError, parse_project
 
 STATES = ("queued", "running", "finished", "failed", "stopped")
 ENDED = frozenset({"finished", "failed", "stopped"})
+ACTIVE = frozenset({"queued", "running"})
+_ID = re.compile(r"q([0-9]+)")
 
 
 class QueueError(ValueError):
     """A queue edit that cannot be done (no such entry, bad project file, ...); the message says why."""
+
+
+class DuplicateEntry(QueueError):
+    """The project is already queued or running (its entry's id and state in the message)."""
 
 
 def state_dir(given: Path | None, env: Mapping[str, str] = os.environ) -> Path:
@@ -108,6 +122,7 @@ class QueueStore:
         self.queue_dir = root / "queue"
         self.inbox = root / "inbox"
         self.paused_flag = root / "paused"
+        self.seq_file = root / "queue.seq"  # the last entry number given: ids are never reused
         self.socket_path = root / "serve.sock"
 
     def exists(self) -> bool:
@@ -177,13 +192,16 @@ class QueueStore:
 
     def add(self, project_file: Path, gpus: list[str] | None = None, priority: int = 0,
             clock: Any = time.time) -> Entry:
-        """Queue a copy of ``project_file``; raises ``QueueError`` naming what is wrong with it."""
+        """Queue a copy of ``project_file``; raises ``QueueError`` naming what is wrong with it
+        (``DuplicateEntry`` when the project is already queued or running)."""
         try:
-            text = project_file.read_text(encoding="utf-8")
+            text = read_text(project_file, "project file")  # read once: the text checked is the text queued
         except OSError as exc:
             raise QueueError(f"{project_file}: cannot read the project file ({exc.strerror or exc})") from None
+        except NotTextError as exc:
+            raise QueueError(str(exc)) from None
         try:
-            project = load_project(project_file)
+            project = parse_project(text, project_file)
         except ProjectError as exc:
             raise QueueError(str(exc)) from None
         # The copy lives elsewhere: relative paths in it would resolve against the wrong directory,
@@ -194,18 +212,41 @@ class QueueStore:
         if gpus is not None:
             data["gpus"] = list(gpus)  # `queue add --gpus` wins over the file's own
         named = gpus if gpus is not None else _project_gpus(project.env)
+        source = str(project_file.resolve())
         with self.locked():
-            seq = 1 + max((e.seq for e in self.entries()), default=0)
+            entries = self.entries()
+            _refuse_duplicate(project_file, source, data["run_dir"], entries)
+            seq = 1 + max([self._last_seq(), *(e.seq for e in entries)])
+            self._note_seq(seq)  # first: an id handed out is spent, whatever happens next
             entry_id = f"q{seq}"
             folder = self.queue_dir / entry_id
             folder.mkdir(mode=0o700)
             copy = folder / f"{project.name}.yaml"
-            atomic_write_text(copy, f"# queued from {project_file.resolve()} as {entry_id}\n"
+            atomic_write_text(copy, f"# queued from {source} as {entry_id}\n"
                               + yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
-            entry = Entry(entry_id, seq, project.name, str(copy), str(project_file.resolve()),
+            entry = Entry(entry_id, seq, project.name, str(copy), source,
                           data["run_dir"], priority, float(seq), named, added=round(clock(), 3))
             self.save(entry)
         return entry
+
+    def _last_seq(self) -> int:
+        """The highest entry number ever given: the counter, or any ``qN`` folder (an older queue's,
+        or one an interrupted add left without its entry)."""
+        try:
+            folders = [int(m.group(1)) for d in self.queue_dir.iterdir() if (m := _ID.fullmatch(d.name))]
+        except OSError:
+            folders = []
+        return max([self._counted(), *folders])
+
+    def _counted(self) -> int:
+        try:
+            return int(self.seq_file.read_text(encoding="utf-8").strip())
+        except (OSError, ValueError):
+            return 0  # none yet (a new queue, or one from before the counter), or unreadable
+
+    def _note_seq(self, seq: int) -> None:
+        if seq > self._counted():
+            atomic_write_text(self.seq_file, f"{seq}\n")
 
     def remove(self, entry_id: str) -> Entry:
         """Take a waiting or ended entry off the queue (its run dir and weights stay where they are)."""
@@ -213,6 +254,7 @@ class QueueStore:
             entry = self.get(entry_id)
             if entry.state == "running":
                 raise QueueError(f"{entry_id} is running; stop it first (trainsup stop {entry_id})")
+            self._note_seq(entry.seq)  # a queue from before the counter: its ids stay spent too
             folder = self.queue_dir / entry.id
             for item in folder.iterdir():
                 item.unlink()
@@ -246,6 +288,18 @@ class QueueStore:
         else:
             with contextlib.suppress(FileNotFoundError):
                 self.paused_flag.unlink()
+
+
+def _refuse_duplicate(given: Path, source: str, run_dir: str, entries: list[Entry]) -> None:
+    """``DuplicateEntry`` when an active entry has the same source file or the same run dir."""
+    for e in entries:
+        if e.state not in ACTIVE or (e.source != source and e.run_dir != run_dir):
+            continue
+        same = "same file" if e.source == source else f"same run dir {run_dir}"
+        then = (f"stop it first (trainsup stop {e.id})" if e.state == "running"
+                else f"remove it first (trainsup queue remove {e.id})")
+        raise DuplicateEntry(f"{given}: already in the queue as {e.id} ({e.state}; project {e.project}, {same}); "
+                             f"{then} or wait until it ends")
 
 
 def order_key(entry: Entry) -> tuple[int, float, int]:

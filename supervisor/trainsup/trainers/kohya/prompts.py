@@ -15,6 +15,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...record.textfile import NotTextError, decode_text
+
 _INT_OPTS = {"w", "h", "d", "s", "f"}
 _FLOAT_OPTS = {"l", "g", "am"}
 _TEXT_OPTS = {"n", "ss", "cn", "ctrl"}
@@ -46,10 +48,9 @@ def parse_prompt_file(path: Path) -> list[str]:
 def parse_prompt_bytes(path: Path, raw: bytes) -> list[str]:
     """The prompts in ``raw``, the content of ``path`` as read once (validate what you will use)."""
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise PromptError(path, line, "not UTF-8 text") from None
+        text = decode_text(raw, path, "prompt file", boms=False)  # kohya reads it as UTF-8
+    except NotTextError as exc:
+        raise PromptError(path, exc.line, exc.reason) from None
     suffix = path.suffix.lower()
     if suffix == ".toml":
         return _from_toml(path, text)

@@ -20,6 +20,8 @@ import tomlkit
 import tomlkit.exceptions
 from tomlkit.items import Item
 
+from ...record.textfile import NotTextError, read_text
+
 
 class ConfigFileError(ValueError):
     pass
@@ -42,15 +44,15 @@ def parse_toml(text: str, where: str) -> TomlDoc:
 
 def read_toml(path: Path) -> TomlDoc:
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = read_text(path, "TOML file", boms=False)  # TOML is UTF-8, and kohya reads it so
     except FileNotFoundError:
         raise ConfigFileError(f"{path}: config file not found") from None
     except IsADirectoryError:
         raise ConfigFileError(f"{path}: is a directory, not a TOML file") from None
     except PermissionError:
         raise ConfigFileError(f"{path}: permission denied") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigFileError(f"{path}: not UTF-8 text (byte {exc.start}): TOML files are UTF-8") from None
+    except NotTextError as exc:
+        raise ConfigFileError(str(exc)) from None
     return parse_toml(text, str(path))
 
 

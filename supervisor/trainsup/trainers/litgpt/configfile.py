@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from ...record.fsutil import atomic_write_text
+from ...record.textfile import read_text
 
 _DELETE = object()  # an override that removes the key
 
@@ -83,7 +84,7 @@ class ConfigFile:
     @classmethod
     def load(cls, path: Path) -> ConfigFile:
         """Raises OSError (unreadable) or ValueError (not a YAML mapping), naming the file."""
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path, "config file", boms=False)  # NotTextError is a ValueError naming the file
         try:
             doc = yaml.safe_load(text)
         except yaml.YAMLError as exc:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...record.textfile import read_text
 from ..base import Plan
 
 SCRIPT = "train.py"
@@ -65,7 +66,7 @@ def set_dotted(doc: dict[str, Any], key: str, value: Any) -> None:
 
 def load_config(path: Path) -> dict[str, Any]:
     """The config as a JSON object; ValueError naming the file and what is wrong."""
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path, "config file", boms=False)  # NotTextError is a ValueError naming the file
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
