@@ -36,6 +36,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Literal
 
 from . import __version__
 from .commands.argtypes import at_least_one, seconds
@@ -50,8 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="verb", required=True)
     run = sub.add_parser("run", help="launch a training command and bring it back from known faults",
                          usage="trainsup run [--policy FILE] [--trainer NAME] [--run-dir DIR] [--quiet] "
-                               "-- COMMAND...\n"
-                               "       trainsup run --project NAME_OR_FILE [--run-dir DIR] [--quiet]")
+                               "[--fresh | --resume] -- COMMAND...\n"
+                               "       trainsup run --project NAME_OR_FILE [--run-dir DIR] [--quiet] [--fresh | --resume]")
     run.add_argument("--policy", type=Path, help="YAML policy (see config.example.yaml)")
     run.add_argument("--project", metavar="NAME_OR_FILE", help="run a project file (its command, "
                      "environment and policy); a name is looked up in the projects directory")
@@ -60,6 +61,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--run-dir", type=Path, help="where logs and the journal go "
                      "(default: OUTPUT_DIR/.trainsup, or ./.trainsup)")
     run.add_argument("--quiet", action="store_true", help="do not pass the trainer's output through")
+    start = run.add_mutually_exclusive_group()
+    start.add_argument("--fresh", action="store_true", help="start this run over in a run dir of its own, "
+                       "even where its states lie (everything that exists is kept)")
+    start.add_argument("--resume", action="store_true", help="resume this run, or fail when nothing of it is there")
     run.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
     diag = sub.add_parser("diagnose", help="classify saved training logs offline and say what run would change",
                           usage='trainsup diagnose [--json] [--command "..."] [--policy FILE] LOG...')
@@ -327,6 +332,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     from .run.project import ProjectError, find_project, load_project
     from .run.spec import RunSpec
 
+    start_mode: Literal["auto", "fresh", "resume"] = "fresh" if args.fresh else "resume" if args.resume else "auto"
     if args.project is not None:
         if [a for a in args.command if a != "--"] or args.policy is not None or args.trainer is not None:
             print("trainsup run: error: --project takes the command, the policy and the trainer from the project "
@@ -338,7 +344,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
             print(f"trainsup run: error: {exc}", file=sys.stderr)
             return 2
         spec = RunSpec(project.command, project.cwd, args.run_dir or project.run_dir,
-                       project.child_env(os.environ), not args.quiet, project.path, project)
+                       project.child_env(os.environ), not args.quiet, project.path, project, start=start_mode)
         policy = project.policy
     else:
         command = _training_command(args, "run")
@@ -350,7 +356,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
             print(f"trainsup run: error: {exc}", file=sys.stderr)
             return 2
         spec = RunSpec(tuple(command), Path.cwd(), args.run_dir, dict(os.environ), not args.quiet, args.policy,
-                       trainer=args.trainer)
+                       trainer=args.trainer, start=start_mode)
     from .service.reporting import listeners_for  # notify: and metrics: (nothing when they are off)
 
     supervisor = Supervisor(spec, policy, listeners=listeners_for(policy, os.environ))

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..record.identity import candidates
 from ..run.project import ProjectError, find_project, list_projects, load_project, project_name, projects_dir
 
 __all__ = ["RefError", "RunRef", "attempt_logs", "every_project", "is_run_dir", "read_status", "resolve"]
@@ -54,14 +55,22 @@ def resolve(arg: str, env: Mapping[str, str]) -> RunRef:
     given = Path(arg).expanduser()
     if is_run_dir(given):
         return RunRef(arg, given.resolve())
-    if is_run_dir(given / ".trainsup"):
-        return RunRef(arg, (given / ".trainsup").resolve())
+    runs = [d for d in candidates(given / ".trainsup") if is_run_dir(d)]
+    if runs:  # an output dir: its newest run (``.trainsup``, or a later run's ``.trainsup-NAME``)
+        return RunRef(arg, max(runs, key=_last_written).resolve())
     try:
         path = find_project(arg, env)
     except ProjectError as exc:
         raise RefError(f"{arg}: neither a run dir (a directory with {', '.join(RUN_DIR_MARKERS[:-1])} or "
                        f"{RUN_DIR_MARKERS[-1]}) nor a project ({exc})") from None
     return _project_ref(path)
+
+
+def _last_written(run_dir: Path) -> float:
+    try:
+        return max((run_dir / m).stat().st_mtime for m in RUN_DIR_MARKERS if (run_dir / m).exists())
+    except (OSError, ValueError):
+        return 0.0
 
 
 def every_project(env: Mapping[str, str]) -> tuple[Path, list[RunRef]]:

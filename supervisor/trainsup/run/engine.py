@@ -41,6 +41,7 @@ from .observe import Observations
 from .ownership import Refused, claim
 from .policy import Policy
 from .remedy import Remedier
+from .rundir import HANDED_OVER_ENV, IdentityError, find_home, record_identity, refusal
 from .runstate import RunState, check_transition
 from .sdnotify import Notifier, status_line
 from .spec import CHILD_ENV_DEFAULTS, SUPERVISOR_ONLY_ENV, RunSpec
@@ -94,7 +95,16 @@ class Supervisor:
             return 2
         t = self.trainer
         self._compose_rules()
-        self.run_dir = (self.spec.run_dir or t.default_run_dir(self.spec.cwd)).resolve()
+        try:
+            home = find_home(t, self.spec.run_dir, self.spec.cwd, self.spec.start, os.environ)
+        except IdentityError as exc:
+            self.say(f"error: {exc}")
+            return 2
+        self.run_dir = home.run_dir
+        refused = refusal(home, t, Ledger.load(self.run_dir / "ledger.json"), self.spec.start)
+        if refused is not None:  # before the run dir is made or locked: nothing is left behind
+            self.say(refused[1] if refused[0] == 0 else f"error: {refused[1]}")
+            return refused[0]
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self.owner = claim(self.run_dir, self.policy.lease_stale_s)  # the lock, and the lease other hosts see
@@ -104,6 +114,7 @@ class Supervisor:
         except OSError as exc:
             self.say(f"error: cannot use run dir {self.run_dir}: {exc}")
             return 2
+        record_identity(home, t)
         self.journal = Journal(self.run_dir)
         for listener in self.listeners:
             self.journal.listen(listener)
@@ -120,6 +131,11 @@ class Supervisor:
         self.journal.event("run_start", argv=list(self.spec.argv), run_dir=str(self.run_dir), policy=self.policy.source,
                            project=project, trainer=t.family, samples=t.samples_record())
         self._status(trainer=t.family)
+        separate = home.choice.note(home.identity) if home.choice is not None else None
+        if separate is not None:
+            self.say(separate)
+            self.journal.event("run_separate", note=separate,
+                               others=[str(o.run_dir) for o in home.choice.others] if home.choice else [])
         for note in t.notes:
             self.say(note)
             self.journal.event("plan_adjusted", note=note)
@@ -348,7 +364,8 @@ class Supervisor:
         self.journal.event("supervisor_restart", reason="the project's command changed", attempt=self.attempt_no)
         self.say("the project's command changed: restarting trainsup on the edited file")
         self._close()
-        self.reexec_env = self.owner.lock.hand_over()  # the lock stays held: never a moment without a supervisor
+        # The lock stays held (never a moment without a supervisor), and the run dir stays this run's.
+        self.reexec_env = {**self.owner.lock.hand_over(), HANDED_OVER_ENV: str(self.run_dir)}
         return 0
 
     def _stopped_by_signal(self) -> Decision:

@@ -7,13 +7,14 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ..record.runlock import INHERITED_FD
 from .project import Project
 
 CHILD_ENV_DEFAULTS = {"COLUMNS": "250", "PYTHONUNBUFFERED": "1"}
-SUPERVISOR_ONLY_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", INHERITED_FD)  # trainsup's alone
+SUPERVISOR_ONLY_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", INHERITED_FD,
+                       "TRAINSUP_HANDED_OVER_RUN_DIR")  # trainsup's alone (the last: run.rundir)
 
 
 @dataclass(frozen=True)
@@ -26,3 +27,4 @@ class RunSpec:
     policy_path: Path | None = None  # watched: an edit of the policy applies to the running supervisor
     project: Project | None = None  # run from a project file (policy_path is that file)
     trainer: str | Mapping[str, Any] | None = None  # the adapter to use (a name, or a declarative section)
+    start: Literal["auto", "fresh", "resume"] = "auto"  # --fresh / --resume (run.rundir)

@@ -237,6 +237,7 @@ class TrainerRun(ABC):
         self.notes = []
         self.output = OutputFormat()
         self.inputs = Inputs()
+        self.given_argv: tuple[str, ...] = ()  # the command as the user gave it (set by ``registry``)
 
     @property
     def label(self) -> str | None:
@@ -249,6 +250,17 @@ class TrainerRun(ABC):
     def samples(self) -> Samples | None:
         """Where this run's sample images go, when the trainer makes any."""
         return None
+
+    def identity(self) -> dict[str, Any]:
+        """What makes this run this run (``record.identity``), read from the user's command as given:
+        the trainer, its script, base model, dataset, the settings that shape the weights, the seed and
+        the output name. Default: the command line itself."""
+        return {"trainer": self.family, "command": list(self.given_argv)}
+
+    def existing_outputs(self) -> list[Path]:
+        """Weights and states already under this run's output names (before it writes any): a new run
+        never trains over them. Default: none known."""
+        return []
 
     def samples_record(self) -> dict[str, Any] | None:
         """``run_start``'s ``samples``: where the page (``trainsup web``) finds the sample images."""

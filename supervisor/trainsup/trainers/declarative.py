@@ -140,6 +140,9 @@ class DeclarativeRun(CommandRun):
                                       final=None if self.success is None else lambda: None)
         self.states = self.step_states
 
+    def existing_outputs(self) -> list[Path]:
+        return [path for path, _step in self._find()]
+
     def _find(self) -> list[tuple[Path, int]]:
         if self.glob is None:
             return []

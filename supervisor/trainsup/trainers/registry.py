@@ -65,4 +65,6 @@ def open_run(setup: Setup, trainer: str | Mapping[str, Any] | None = None) -> Tr
     family = choose(setup.argv, trainer)
     if section is not None and setup.section is None:
         setup = Setup(setup.argv, setup.cwd, setup.settings, section)
-    return family.open(setup)
+    run = family.open(setup)
+    run.given_argv = tuple(setup.argv)
+    return run

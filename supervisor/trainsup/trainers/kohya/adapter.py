@@ -14,6 +14,7 @@ import functools
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from ...faults import remedies
 from ...faults.remedies import Action, Rung
@@ -26,6 +27,7 @@ from ..interpreter import trainer_python
 from . import doctor as kohya_doctor
 from .doctor_checks import CommandView, load_view
 from .exact import epoch_aligned
+from .identity import identity_fields, outputs_under
 from .inputs import KohyaInputs
 from .output import KohyaOutput
 from .plan import LaunchPlan, apply_action, upgrade_spec
@@ -59,6 +61,14 @@ class KohyaRun(TrainerRun):
     @property
     def label(self) -> str | None:
         return self.prepared.output_name
+
+    def identity(self) -> dict[str, Any]:
+        given = prepare(list(self.given), self.cwd, self.settings, as_given=True)
+        script = os.path.basename(given.plan.command.launcher[-1])
+        return identity_fields(script, given.plan, self.cwd, self.output_dir)
+
+    def existing_outputs(self) -> list[Path]:
+        return outputs_under(self.output_dir or self.cwd, self.prepared.output_name)
 
     def samples(self) -> Samples | None:
         # sd-scripts: OUTPUT_DIR/sample/[NAME_]STEP6_II_TIMESTAMP[_SEED].png (epoch samples: eEPOCH6)

@@ -8,6 +8,7 @@ cadence when the command saves no states (without them there is nothing safe to 
 from __future__ import annotations
 
 import random
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,7 +86,9 @@ def prepare(argv: list[str], cwd: Path, policy: Settings, rng: random.Random | N
     user_resume = _resolve(str(resume), cwd) if resume else None
 
     if int_value("seed") is None:
-        seed = (rng or random.SystemRandom()).randrange(1, 2**31 - 1)
+        # Drawn from the command itself, so that every start of the same run (a new supervisor after a
+        # stop or a crash) fixes the same seed: its states resume with the data order they began with.
+        seed = (rng or random.Random(zlib.crc32("\0".join(argv).encode("utf-8")))).randrange(1, 2**31 - 1)
         command.set("seed", str(seed))
         notes.append(f"no --seed given: fixed --seed {seed} so every attempt sees the same data order")
     if not plan.effective("save_state"):

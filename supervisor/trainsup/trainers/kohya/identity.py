@@ -1,0 +1,77 @@
+"""Owns what makes an sd-scripts (or musubi-tuner) run this run: the fields of its identity
+(``record.identity``) read from the user's command and the files it names, and the weights and
+states already lying under its output name.
+
+Only what shapes the weights counts, as the user gave it: the script, the base model, the images
+(their names, not the captions: a caption edit is a live edit of the same run), the network, the
+optimizer and learning rates, the resolution, the seed, the steps and the output name. Flags trainsup
+adds (a seed, a save cadence) and remedies (caching dropped, the batch halved) never change it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ...record.identity import files_summary
+from . import tomlio
+from .plan import LaunchPlan
+from .profile import parse_state_name, state_dir_names, weights_files_for
+
+SHAPING = ("pretrained_model_name_or_path", "network_module", "network_dim", "network_alpha", "network_args",
+           "network_weights", "optimizer_type", "optimizer_args", "learning_rate", "unet_lr", "text_encoder_lr",
+           "lr_scheduler", "resolution", "max_train_steps", "max_train_epochs", "train_batch_size",
+           "gradient_accumulation_steps", "seed", "output_name", "network_train_unet_only",
+           "network_train_text_encoder_only", "v2", "v_parameterization")
+
+
+def _resolve(value: object | None, cwd: Path) -> Path | None:
+    if value is None or value == "":
+        return None
+    p = Path(str(value)).expanduser()
+    return p if p.is_absolute() else cwd / p
+
+
+def image_dirs(plan: LaunchPlan, cwd: Path) -> list[Path]:
+    """The folders of images the run trains on: the dataset config's subsets, else ``--train_data_dir``."""
+    dataset = _resolve(plan.value("dataset_config"), cwd)
+    if dataset is not None:
+        try:
+            doc = tomlio.read_toml(dataset)
+        except (tomlio.ConfigFileError, OSError):
+            return [dataset]
+        dirs = [_resolve(sub.get("image_dir"), cwd) for ds in doc.get("datasets", []) or []
+                for sub in ds.get("subsets", []) or [] if isinstance(sub, dict)]
+        return [d for d in dirs if d is not None] or [dataset]
+    data = _resolve(plan.value("train_data_dir"), cwd)
+    return [data] if data is not None else []
+
+
+def identity_fields(script: str, plan: LaunchPlan, cwd: Path, output_dir: Path | None) -> dict[str, Any]:
+    """The identity of the run ``plan`` (the user's command, before trainsup adds anything) describes."""
+    fields: dict[str, Any] = {"trainer": "kohya", "script": script,
+                              "output_dir": str(output_dir) if output_dir else None}
+    for key in SHAPING:
+        value = plan.value(key)
+        if key == "pretrained_model_name_or_path" and value is not None:
+            value = str(_resolve(value, cwd))
+        fields[key] = None if value is None else str(value)
+    fields["dataset"] = files_summary(image_dirs(plan, cwd))
+    return fields
+
+
+def outputs_under(output_dir: Path, output_name: str | None) -> list[Path]:
+    """The weights files and state dirs in ``output_dir`` that carry this output name."""
+    weights = weights_files_for(output_name)
+    step, epoch, final = state_dir_names(output_name)
+    names = {step, epoch, final[: -len("-state")]}
+    found = []
+    try:
+        entries = sorted(output_dir.iterdir())
+    except OSError:
+        return []
+    for entry in entries:
+        parsed = parse_state_name(entry.name)
+        if weights.match(entry.name) or (parsed is not None and parsed[0] in names and entry.is_dir()):
+            found.append(entry)
+    return found
