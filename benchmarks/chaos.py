@@ -12,7 +12,10 @@ drawn from the run's own seed:
   the hang, stops the tree and resumes;
 - `disk_full`: the output dir is a tmpfs of its own; a filler file leaves a few KiB free, mostly
   while a state is being saved; trainsup stops (`disk_full`, exit 4), the filler is deleted and
-  `trainsup run` started again;
+  `trainsup run` started again. Some (moment `journal`) leave not a byte, once the journal's last
+  block has under 2 KiB left, SIGKILL trainsup and start it again at once on the disk, which a
+  second writer keeps full: the new supervisor's records overflow that block (a write cut part-way)
+  and its end has only the journal's reserve;
 - `edit`: a caption of the run's own dataset copy or its prompt file rewritten mid-run.
 
 After each run, violations of six invariants are counted:
@@ -29,8 +32,9 @@ After each run, violations of six invariants are counted:
 4. a killed supervisor's trainer died within 5 s (README: its next output line), unless it was a
    silent one the next supervisor stopped before launching (`orphan_stopped`); never two trainers
    on one output dir (process table sampled every 50 ms); none left after the last supervisor;
-5. `events.jsonl` parses line by line and ends with `finished`; a `gave_up` only for the injected
-   `disk_full`; each supervisor's exit code matches its journaled end;
+5. `events.jsonl` parses line by line (no record cut or glued onto another, whatever the disk did)
+   and ends with `finished`; a `gave_up` only for the injected `disk_full`; each supervisor's exit
+   code matches its journaled end (so one that stopped on the full disk journaled its end);
 6. no `Traceback (most recent call last)` in trainsup's stderr (with `--quiet` the trainer's output
    is not echoed there) and no internal-error exit 70.
 

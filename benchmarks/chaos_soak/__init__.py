@@ -7,6 +7,7 @@ point; the soak and its six invariants are described there):
 - `checks`: the six invariants, checked after a run;
 - `references`: the weights of uninterrupted runs that invariant 1 compares with;
 - `procwatch`: the process-table sampler behind invariant 4;
+- `filler`: the full disk (a filler file on the output dir's tmpfs; kept full for the `journal` moment);
 - `files`: digests, state dirs, whole or half-written saves, the journal and the ledger as read back;
 - `report`: the steps-redone figures, the summary and its table.
 

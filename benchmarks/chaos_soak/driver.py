@@ -22,9 +22,11 @@ from typing import Any
 import psutil
 
 from .files import digest_dir, has_all_files, in_progress, read_events, sha256, state_dirs
+from .filler import TopUp, fill
 from .params import (
     BAR,
     FILLER,
+    JOURNAL_SLACK,
     ORPHAN_BOUND_S,
     POLICY,
     RESTARTING,
@@ -97,6 +99,7 @@ class ChaosRun:
         self.pre_incomplete: set[str] = set()  # state dirs incomplete when it was armed
         self.restart_at: float | None = None  # time.monotonic() to start trainsup again
         self.disk_full: Injection | None = None  # fired; its space not given back yet
+        self.topup: TopUp | None = None  # keeps the disk full meanwhile (disk_full "journal")
         self.wait_attempt_after: float | None = None  # a restarting fault fired then: wait for a relaunch
 
     @staticmethod
@@ -267,7 +270,7 @@ class ChaosRun:
             self.wait_attempt_after = inj.fired
         if inj.kind == "disk_full":
             self.disk_full = inj
-        if inj.kind == "kill_supervisor":
+        if inj.kind == "kill_supervisor" or (inj.moment == "journal" and sup.killed is not None):
             self.restart_at = time.monotonic() + inj.restart_delay
             return None
         return sup
@@ -282,6 +285,9 @@ class ChaosRun:
             return False
         if inj.kind == "freeze" and not n:
             return False  # training, not loading: the 5 s training timeout is the one under test
+        if inj.moment == "journal":
+            slack = self.journal_slack()
+            return slack is not None and slack < JOURNAL_SLACK
         if inj.moment == "save":
             for path in state_dirs(self.out):
                 if str(path) in self.pre_incomplete or has_all_files(path):
@@ -302,26 +308,41 @@ class ChaosRun:
         inj.fired = self.last_fired = time.time()
         self._look(inj, sup, step)
         if inj.kind == "kill_supervisor":
-            sup.trainers, sup.loading = pids, n is None
-            sup.killed = time.time()
-            sup.proc.kill()
-            sup.proc.wait()
-            sup.rc, sup.ended = sup.proc.returncode, time.time()
+            self._kill(sup, pids, n)
         elif inj.kind == "disk_full":
             if not self.mounted:
                 inj.note = "no tmpfs: not injected"
                 return
-            st = os.statvfs(self.out)
-            free = st.f_bavail * st.f_frsize
-            with open(self.out / FILLER, "wb") as fh:
-                try:
-                    fh.write(b"\0" * max(free - inj.free_bytes, 0))
-                except OSError:
-                    pass  # the trainer took some meanwhile: full all the same
+            fill(self.out, self.out / FILLER, inj.free_bytes)
+            if inj.moment == "journal":
+                # The next supervisor starts on a disk kept full (what its takeover frees is taken
+                # again): its records overflow the journal's last block (a write cut part-way), and
+                # its end has only the reserve the killed one left.
+                inj.journal_slack = self.journal_slack()
+                self.topup = TopUp(self.out / FILLER)
+                self.topup.start()
+                self._kill(sup, pids, n)
         elif inj.kind == "edit":
             path = self.prompts if inj.target == "prompts" else self.dataset / "1_demo" / inj.target
             path.write_text(inj.text, encoding="utf-8")
             self.edits.append((time.time(), path, inj.text))
+
+    @staticmethod
+    def _kill(sup: Supervisor, pids: list[int], n: int | None) -> None:
+        sup.trainers, sup.loading = pids, n is None
+        sup.killed = time.time()
+        sup.proc.kill()
+        sup.proc.wait()
+        sup.rc, sup.ended = sup.proc.returncode, time.time()
+
+    def journal_slack(self) -> int | None:
+        """Bytes left in the journal's last block (a write past them needs a free block)."""
+        try:
+            size = (self.run_dir / "events.jsonl").stat().st_size
+            block = os.statvfs(self.out).f_bsize
+        except OSError:
+            return None
+        return -size % block
 
     def _look(self, inj: Injection, sup: Supervisor, step: int | None) -> None:
         """The output dir as the injection found it."""
@@ -357,9 +378,16 @@ class ChaosRun:
         ends = [int(e.get("step") or 0) for e in read_events(self.run_dir)[0]
                 if e.get("event") == "attempt_end" and e.get("ts", 0) > (inj.fired or 0)]
         inj.step = max([inj.step or 0, self.bar_step or 0, *ends])
+        self._stop_topup()
         (self.out / FILLER).unlink(missing_ok=True)
 
+    def _stop_topup(self) -> None:
+        if self.topup is not None:
+            self.topup.stop()
+            self.topup = None
+
     def cleanup(self, keep: bool) -> None:
+        self._stop_topup()
         if self.mounted:
             if keep:
                 shutil.copytree(self.out, self.dir / "out-kept", ignore=shutil.ignore_patterns(FILLER))

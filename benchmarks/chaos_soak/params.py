@@ -18,6 +18,10 @@ TOLERANCE = 1e-4
 RUN_TIMEOUT_S = 300.0
 TMPFS_SIZE = "24m"
 FILLER = "chaos-filler.bin"
+# disk_full "journal": fire once the journal's last block has less room than this. The supervisor
+# started again on the full disk journals more before its end (lease_taken_over, run_start, and so on:
+# about 2-4 KiB), so one of its writes certainly meets the wall part-way (tmpfs counts whole pages).
+JOURNAL_SLACK = 2048
 SAMPLE_RECORD = "sample/prompts_used.jsonl"
 # What the demo writes into a state dir, last file last (demo/state.py). Kept here rather than
 # imported from trainsup: the checker must not share the checked code's idea of "complete".

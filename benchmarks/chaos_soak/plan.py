@@ -14,7 +14,8 @@ from .params import REAL_SAVE_EVERY, REAL_STEPS, SAVE_EVERY, STEPS, WORDS
 class Injection:
     kind: str
     at_step: float  # absolute step at which it is armed; the fraction is a share of a step to wait
-    moment: str  # "step" (while training), "save" (inside a state save) or "launch" (start-up)
+    moment: str  # "step" (while training), "save" (inside a state save), "launch" (start-up) or, for
+    # disk_full, "journal" (the journal's last block nearly full; trainsup killed and started again on the full disk)
     save: str = ""  # moment "save": the save aimed at ("8", ... or "last")
     delay: float = 0.0  # moment "launch": seconds after the attempt started
     restart_delay: float = 0.0  # kill_supervisor: seconds until trainsup is started again
@@ -29,11 +30,14 @@ class Injection:
     snapshot: dict[str, str] = field(default_factory=dict)  # output dir: rel path -> sha256
     in_progress: set[str] = field(default_factory=set)  # rel paths of the snapshot still being written
     sample_record: bytes = b""  # the demo's append-only sample record then
+    journal_slack: int | None = None  # moment "journal": bytes left in the journal's last block then
     note: str = ""
 
     def describe(self) -> str:
         where = {"step": f"at step {self.at_step:.1f}", "launch": f"{self.delay:.1f} s into a launch",
-                 "save": f"inside save {self.save}"}[self.moment]
+                 "save": f"inside save {self.save}",
+                 "journal": f"at step {self.at_step:.1f} under the journal (trainsup killed, restarted on the full disk)"
+                 }[self.moment]
         extra = {"kill_supervisor": f", restart after {self.restart_delay:.1f} s",
                  "disk_full": f", {self.free_bytes} bytes left", "edit": f", {self.target}"}.get(self.kind, "")
         return f"{self.kind} {where}{extra}"
@@ -67,7 +71,7 @@ def plan_run(seed: int, kinds: tuple[str, ...]) -> list[Injection]:
 
 def _injection(rng: random.Random, kind: str) -> Injection:
     moments = {"kill_trainer": (("save", 0.4), ("launch", 0.1)), "kill_supervisor": (("save", 0.2), ("launch", 0.2)),
-               "disk_full": (("save", 0.7),)}.get(kind, ())
+               "disk_full": (("save", 0.7), ("journal", 0.15))}.get(kind, ())
     draw, moment = rng.random(), "step"
     for name, share in moments:
         if draw < share:
@@ -84,6 +88,8 @@ def _injection(rng: random.Random, kind: str) -> Injection:
         inj.restart_delay = rng.uniform(0.0, 7.0)
     elif kind == "disk_full":
         inj.free_bytes = rng.randrange(0, 40_000)
+        if moment == "journal":
+            inj.free_bytes = 0  # not a byte: the journal has its last block's rest, and its reserve
     elif kind == "edit":
         if rng.random() < 0.5:
             inj.target = f"img{rng.randrange(8):02d}.txt"

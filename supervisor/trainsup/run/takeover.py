@@ -14,6 +14,12 @@ host, or by this host before a reboot, mean nothing here: they are never signall
 ``orphan_not_signalled``). Another host's trainer is that host's to stop (its supervisor is dead:
 the lease said so); an earlier boot's processes are gone. The run resumes as after any lost supervisor.
 
+A supervisor's last record ends its stretch of the journal (``record.journal.END_EVENTS``). A
+journal whose last ``run_start`` has none after it belongs to a supervisor that never recorded its
+end: it was killed, or crashed, or the disk had no room even for its reserve. The new supervisor says
+so in one line and journals ``previous_end_unrecorded`` with what it knows (that supervisor's start,
+its last record, attempt and fault, and what its ``status.json`` said last), then goes on as usual.
+
 The ledger goes on unless the previous run finished: a run stopped, given up or lost resumes from
 its newest complete state when started again (``systemctl restart``, ``trainsup run`` once more);
 after a finished run the same command trains anew, and the old ledger is kept as ``ledger-N.json``.
@@ -32,7 +38,7 @@ from typing import Any
 import psutil
 
 from ..record.fsutil import atomic_write_text
-from ..record.journal import Journal, read_events
+from ..record.journal import END_EVENTS, Journal, read_events
 from ..record.lease import EARLIER_BOOT, HERE, Identity, local_identity, origin
 
 TRAINER_FILE = "trainer.json"
@@ -108,9 +114,14 @@ def take_over(run_dir: Path, journal: Journal, say: Callable[[str], None], grace
               me: Identity | None = None) -> None:
     """Before the run starts: clean up after a supervisor that died mid-attempt, and set the ledger
     of a finished run aside."""
+    unrecorded = previous_end_unrecorded(run_dir, journal.opened_size)
     recover_lost_run(run_dir, journal, say, grace_s, me)
+    if unrecorded is not None:
+        journal.event("previous_end_unrecorded", **unrecorded)
+        say(_unrecorded_line(unrecorded))
     ledger = run_dir / "ledger.json"
-    if ledger.exists() and _previous_run_finished(run_dir):
+    finished = unrecorded is not None and unrecorded.get("status_state") == "finished"  # status.json said it
+    if ledger.exists() and (finished or _previous_run_finished(run_dir)):
         n = 1 + sum(1 for _ in run_dir.glob("ledger-*.json"))
         try:
             ledger.replace(run_dir / f"ledger-{n}.json")
@@ -127,6 +138,59 @@ def _previous_run_finished(run_dir: Path) -> bool:
     except (OSError, ValueError):
         return False
     return ended == "finished"
+
+
+def previous_end_unrecorded(run_dir: Path, upto: int | None = None) -> dict[str, Any] | None:
+    """What is known of the last supervisor in the journal (its first ``upto`` bytes: the records
+    before this supervisor's) when it recorded no end; ``None`` when it did, or none ran."""
+    try:
+        events = read_events(run_dir, upto)
+    except OSError:
+        return None
+    starts = [i for i, e in enumerate(events) if e.get("event") == "run_start"]
+    if not starts:
+        return None
+    stretch = events[starts[-1]:]
+    if any(e.get("event") in END_EVENTS for e in stretch):
+        return None
+    last = stretch[-1]
+    known: dict[str, Any] = {"started": stretch[0].get("ts"), "last_event": last.get("event"),
+                             "last_ts": last.get("ts")}
+    attempts = [e.get("attempt") for e in stretch if e.get("event") == "attempt_start"]
+    faults = [e.get("class") for e in stretch if e.get("event") == "fault"]
+    if attempts:
+        known["attempt"] = attempts[-1]
+    if faults:
+        known["fault"] = faults[-1]
+    try:
+        status = json.loads((run_dir / "status.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        status = None
+    started = known["started"] if isinstance(known["started"], (int, float)) else 0.0
+    if isinstance(status, dict) and isinstance(status.get("updated"), (int, float)) \
+            and status["updated"] >= started and status.get("state") in ("finished", "gave_up", "stopped"):
+        known.update(status_state=status["state"], exit_code=status.get("exit_code"), reason=status.get("reason"))
+    return known
+
+
+def _clock_time(ts: Any) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if isinstance(ts, (int, float)) else "?"
+
+
+def _unrecorded_line(known: dict[str, Any]) -> str:
+    last = f"{known['last_event']}"
+    if known.get("last_event") == "fault" and known.get("fault"):
+        last += f" {known['fault']}"
+    if known.get("attempt") is not None:
+        last += f" (attempt {known['attempt']})"
+    line = (f"the previous supervisor (started {_clock_time(known['started'])}) left no end in the journal "
+            f"(killed, or no space to write it); its last record: {last} at {_clock_time(known['last_ts'])}")
+    if known.get("status_state"):
+        code = known.get("exit_code")
+        line += f"; status.json says {known['status_state']}" + (f", exit {code}" if code is not None else "")
+        if known.get("reason"):
+            line += f" ({known['reason']})"
+    return line
 
 
 def recover_lost_run(run_dir: Path, journal: Journal, say: Callable[[str], None], grace_s: float,
