@@ -50,6 +50,12 @@ def cmdline(p: psutil.Process) -> list[str]:
         return []
 
 
+def replaced(argv: list[str], flag: str, value: str) -> list[str]:
+    """``argv`` with ``flag``'s value replaced."""
+    at = argv.index(flag)
+    return [*argv[: at + 1], value, *argv[at + 2:]]
+
+
 def value_after(argv: list[str], flag: str) -> str | None:
     return argv[argv.index(flag) + 1] if flag in argv else None
 
@@ -116,6 +122,12 @@ class Bed(ABC):
         weights.write_bytes(data[: len(data) // 2])
 
     @abstractmethod
+    def other_run(self, out: Path, tmp: Path) -> tuple[Launch, str | None]:
+        """Another run in the same output dir (another output name and network size, where the trainer
+        has them), and the name of its own run dir there; None when its saves would land on the first
+        run's names (trainsup then refuses it)."""
+
+    @abstractmethod
     def check_remedy(self, run: Run) -> None:
         """The next attempt's argv/derived config/env carries the fix, and the trainer trained with it."""
 
@@ -163,6 +175,10 @@ class KohyaBed(Bed):
         argv = self.tree.command(out, "--config_file", str(config), "--cache_latents_to_disk", dataset=dataset,
                                  steps=10)
         return Launch(argv, self.tree.sd_scripts, self.env(), resumes=True)
+
+    def other_run(self, out: Path, tmp: Path) -> tuple[Launch, str | None]:
+        argv = replaced(self.tree.command(out, name="other"), "--network_dim", "8")
+        return Launch(argv, self.tree.sd_scripts, self.env(), resumes=True), ".trainsup-other"
 
     def _remedy_files(self, tmp: Path, write: bool = True) -> tuple[Path, Path]:
         config, dataset = tmp / "config.toml", tmp / "dataset.toml"
@@ -332,6 +348,15 @@ class LitgptBed(Bed):
         argv = self.command(out, warmup=20 if case == "remedy" else 2)
         return Launch(argv, tmp, env, resumes=self.method == "finetune_full")
 
+    def other_run(self, out: Path, tmp: Path) -> tuple[Launch, str | None]:
+        # LitGPT has no output name: another run is another recipe in the same --out_dir (a longer
+        # warmup; LoRA: another rank), its run dir .trainsup-run (named after no output name).
+        argv = self.command(out, warmup=3)
+        if self.method == "finetune_lora":
+            argv += ["--lora_r", "16"]
+        launch = self.launch("clean", out, tmp)
+        return Launch(argv, tmp, launch.env, resumes=launch.resumes), ".trainsup-run"
+
     def trainer_process(self, trainsup_pid: int) -> psutil.Process | None:
         for p in children(trainsup_pid):
             argv = cmdline(p)
@@ -442,6 +467,11 @@ class OwnShapeBed(Bed):
 
     def process_pattern(self, out: Path) -> re.Pattern[str]:
         return re.compile(rf"{re.escape(OWN_SHAPE)} --out {re.escape(str(out))}(?: |$)")
+
+    def other_run(self, out: Path, tmp: Path) -> tuple[Launch, str | None]:
+        # No output names: another run's ckpt-N would be the first run's names.
+        launch = self.launch("clean", out, tmp)
+        return Launch([*launch.argv[:-1], "0.1"], launch.cwd, launch.env, True, launch.trainer), None
 
     def state_dir(self, out: Path, step: int) -> Path:
         return out / f"ckpt-{step}"

@@ -90,9 +90,11 @@ def trainsup_args(launch: Launch, tmp: Path, policy: str) -> list[str]:
 
 
 def supervise(launch: Launch, out: Path, tmp: Path, hook: Hook | None = None, policy: str = POLICY,
-              timeout: float = 900) -> Run:
+              timeout: float = 900, run_dir: Path | None = None) -> Run:
+    """``run_dir``: where this run's journal will be (default ``OUT/.trainsup``; another run's beside it
+    goes to ``.trainsup-NAME``)."""
     tmp.mkdir(parents=True, exist_ok=True)
-    run_dir = out / ".trainsup"
+    run_dir = run_dir or out / ".trainsup"
     proc = subprocess.Popen(trainsup_cmd("run", "--quiet", *trainsup_args(launch, tmp, policy)), cwd=launch.cwd,
                             env=launch.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     ctx = Ctx(proc.pid, out)
@@ -114,7 +116,7 @@ def digest_tree(out: Path) -> dict[str, str]:
     found: dict[str, str] = {}
     for path in sorted(out.rglob("*")):
         rel = path.relative_to(out)
-        if rel.parts[0] == ".trainsup" or not path.is_file():
+        if rel.parts[0].startswith(".trainsup") or not path.is_file():
             continue
         found[str(rel)] = hashlib.sha256(path.read_bytes()).hexdigest()
     return found

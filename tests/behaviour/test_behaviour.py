@@ -10,15 +10,20 @@ SIGTERM to trainsup ends it with 143 and leaves none of the trainer's processes 
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
 import pytest
 
 from tests.behaviour.beds import Bed, cmdline
-from tests.behaviour.harness import Run, changed_since
+from tests.behaviour.harness import POLICY, Ctx, Run, changed_since, digest_tree, supervise, trainsup_args
 from tests.conftest import diagnose_json as diagnose
+from tests.conftest import trainsup_cmd
 
 
 def assert_finished(run: Run) -> None:
@@ -68,7 +73,8 @@ def visible_files(out: Path, logs: tuple[str, ...] = ()) -> list[str]:
     """What the user sees in the output dir: every file's path in it, trainsup's run dir and the
     trainer's log folders left out."""
     return sorted(str(p.relative_to(out)) for p in out.rglob("*")
-                  if p.is_file() and p.relative_to(out).parts[0] not in (".trainsup", *logs))
+                  if p.is_file() and not p.relative_to(out).parts[0].startswith(".trainsup")
+                  and p.relative_to(out).parts[0] not in logs)
 
 
 @pytest.mark.parametrize("which", ["killed_run", "cut_run", "seeded_between_saves_run", "seeded_inside_a_save_run"])
@@ -138,3 +144,53 @@ def _running(p: psutil.Process) -> bool:
     except psutil.Error:
         return False
 
+
+
+def test_the_same_command_after_it_finished_trains_nothing_and_changes_no_file(bed: Bed, clean_run: Run) -> None:
+    """A finished run started again (a project queued twice, a unit restarted) is never trained over:
+    trainsup says where its weights are, exits 0, and no file of the output dir changes."""
+    tmp = clean_run.out.parent
+    launch = bed.launch("clean", clean_run.out, tmp)
+    before = digest_tree(clean_run.out)
+    logs = sorted(clean_run.run_dir.glob("attempt-*.log"))
+    (tmp / "again").mkdir(exist_ok=True)
+    again = subprocess.run(trainsup_cmd("run", "--quiet", *trainsup_args(launch, tmp / "again", POLICY)),
+                           cwd=launch.cwd, env=launch.env, capture_output=True, text=True, timeout=300, check=False)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "this run finished" in again.stderr and "--fresh" in again.stderr, again.stderr[-2000:]
+    assert digest_tree(clean_run.out) == before
+    assert sorted(clean_run.run_dir.glob("attempt-*.log")) == logs
+
+
+def test_another_run_in_the_same_output_dir_never_resumes_the_first_or_touches_its_files(
+        bed: Bed, sigterm_run: Run, tmp_path: Path) -> None:
+    """The first run stopped (SIGTERM, as Ctrl-C) with its states in the output dir; a second run with
+    another output name and network size there: it trains from step 0 in a run dir of its own (a
+    trainer without output names, whose saves would land on the first's, is refused), and every file
+    of the first stays byte-identical."""
+    first = sigterm_run
+    before = digest_tree(first.out)
+    launch, own_dir = bed.other_run(first.out, tmp_path)
+    if own_dir is None:  # the second run's saves would land on the first's names: refused, nothing made
+        tmp_path.mkdir(parents=True, exist_ok=True)
+        refused = subprocess.run(trainsup_cmd("run", "--quiet", *trainsup_args(launch, tmp_path, POLICY)),
+                                 cwd=launch.cwd, env=launch.env, capture_output=True, text=True, timeout=300,
+                                 check=False)
+        assert refused.returncode == 2, refused.stderr[-3000:]
+        assert "already lie under this run's output names" in refused.stderr, refused.stderr[-2000:]
+    else:
+        def stop_after_first_state(event: dict[str, Any], ctx: Ctx) -> None:
+            if event["event"] == "state_saved" and "stopped" not in ctx.marks:
+                ctx.marks["stopped"] = event
+                os.kill(ctx.pid, signal.SIGTERM)
+
+        second = supervise(launch, first.out, tmp_path, stop_after_first_state, run_dir=first.out / own_dir)
+        assert second.returncode == 143, second.stderr[-3000:]
+        assert "holds another run" in second.stderr, second.stderr[-3000:]
+        start = second.starts()[0]
+        assert (start["resume_from"], start["resume_step"]) == (None, 0), start
+        saved = second.marks["stopped"]
+        assert saved["attempt"] == 1 and saved["step"] == 5, saved
+        assert str(first.out / ".trainsup") not in {s["resume_from"] for s in second.starts()}
+    now = digest_tree(first.out)
+    assert {k: now.get(k) for k in before} == before, "the first run's files changed"

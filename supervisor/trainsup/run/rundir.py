@@ -79,7 +79,9 @@ def refusal(home: Home, trainer: TrainerRun, ledger: Ledger, start: Start) -> tu
         return 0, (f"this run finished on {when} ({home.run_dir}); its final weights are {weights}. "
                    "Nothing is trained again: to train it anew, pass --fresh (a new run of its own, which "
                    "never writes over those files)")
-    if not ledger.attempts:
+    if not ledger.attempts and trainer.user_resume is None:
+        # (A command that resumes a state of its own continues those files on purpose: the adapter
+        # then writes under names of its own attempts, never over them.)
         taken = trainer.existing_outputs()
         if taken:
             more = f" and {len(taken) - 1} more" if len(taken) > 1 else ""
