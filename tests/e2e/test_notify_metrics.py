@@ -4,6 +4,7 @@ prometheus_client's own parser), and the node_exporter textfile is read back thr
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import urllib.request
@@ -86,6 +87,21 @@ def test_a_demo_run_tells_its_faults_and_its_finish_and_serves_metrics_while_it_
     assert "remedy (rung 1): add --gradient_checkpointing" in second["message"]
     assert done["title"] == "lora: finished at step 20/20" and done["type"] == "success"
     assert "attempts: 3; faults: cuda_oom x2" in done["message"] and "last 5 lines of attempt-3.log" in done["message"]
+
+    # what the final weights were trained with: both remedies, from the step each attempt resumed at
+    alloc, checkpointing = json.loads((run.run_dir / "trained-with.json").read_text())["changes"]
+    starts = run.of("attempt_start")
+    assert (alloc["change"], alloc["attempt"], alloc["from_step"], alloc["until_step"]) == (
+        "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", 2, starts[1]["resume_step"], None)
+    assert (checkpointing["change"], checkpointing["attempt"], checkpointing["from_step"]) == (
+        "add --gradient_checkpointing", 3, starts[2]["resume_step"])
+    assert [c["why"]["class"] for c in (alloc, checkpointing)] == ["cuda_oom"] * 2
+    assert "CUDA out of memory" in alloc["why"]["evidence"]
+    line = next(x for x in run.stderr.splitlines() if x.startswith("trainsup: trained with:"))
+    assert re.fullmatch(r"trainsup: trained with: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True from step "
+                        r"\d+ \(cuda_oom: .*CUDA out of memory.*\); add --gradient_checkpointing from step \d+ "
+                        r"\(cuda_oom(: .*)?\)", line), line
+    assert line.removeprefix("trainsup: ") in done["message"].splitlines()
 
     # the endpoint was scraped while the run trained, and its step moved
     steps = [s[("trainsup_run_step", LORA)] for s in watcher.scrapes if ("trainsup_run_step", LORA) in s]

@@ -190,6 +190,25 @@ def test_hang_gave_up_and_finished_messages() -> None:
                                             "step 20/20 · attempt 1"]
 
 
+def test_the_end_notices_say_what_the_weights_were_trained_with() -> None:
+    changed = [{"change": "add --gradient_checkpointing", "why": {"class": "cuda_oom", "evidence": OOM, "attempt": 2},
+                "attempt": 3, "from_step": 800, "until_step": None, "environment": False}]
+    done = ({"event": "attempt_start", "attempt": 3}, {"event": "_status", "step": 2000, "total": 2000},
+            {"ts": 160.0, "event": "finished", "reason": "exit 0", "final_weights": "/o/lora.safetensors",
+             "attempt": 3, "trained_with": changed})
+    (notice,) = story_of(("finished",), *done)
+    assert notice.body.splitlines()[2] == ("trained with: add --gradient_checkpointing from step 800 "
+                                           f"(cuda_oom: {OOM[:99]}…)")
+    stopped = (*OOM_RUN[:4], {"event": "gave_up", "reason": "cuda_oom: out of GPU memory after every memory remedy",
+                              "exit_code": 4, "attempt": 2, "trained_with": changed})
+    (notice,) = story_of(("gave_up",), *stopped)
+    lines = notice.body.splitlines()
+    assert lines[1] == "reason: cuda_oom: out of GPU memory after every memory remedy (exit 4)"
+    assert lines[2].startswith("trained with: add --gradient_checkpointing from step 800 (cuda_oom: ")
+    as_given = (*done[:2], {**done[2], "trained_with": []})
+    assert "trained with the recipe as given (no remedy)" in story_of(("finished",), *as_given)[0].body.splitlines()
+
+
 def test_the_log_tail_is_what_a_terminal_shows(tmp_path: Path) -> None:
     log = tmp_path / "attempt-1.log"
     log.write_bytes(b"old line\n" * 50 + b"steps:  10%|#  | 2/20\rsteps:  15%|## | 3/20 loss=0.3\n"

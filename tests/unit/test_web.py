@@ -129,6 +129,41 @@ def test_runs_list_and_run_page_show_the_run(site: dict[str, Any]) -> None:
     assert "\x1b" not in text
 
 
+def _trained_with_block(text: str) -> str | None:
+    if '<section id="trained-with"' not in text:
+        return None
+    start = text.index('<section id="trained-with"')
+    return text[start:text.index("</section>", start)]
+
+
+def test_run_page_says_what_the_weights_were_trained_with(site: dict[str, Any]) -> None:
+    client, rid, run_dir = site["client"], site["rid"], site["run_dir"]
+    assert _trained_with_block(client.get(f"/run/{rid}", headers=HOST).get_data(as_text=True)) is None  # no end yet
+    change = {"change": "add --gradient_checkpointing", "attempt": 2, "from_step": 4, "until_step": None,
+              "why": {"class": "cuda_oom", "evidence": "CUDA out of memory <script>alert(1)</script>", "attempt": 1}}
+    end = {"ts": 1_790_000_060.0, "event": "finished", "reason": "exit 0", "final_weights": "out/lora.safetensors",
+           "attempt": 2, "trained_with": [change]}
+    with open(run_dir / "events.jsonl", "a") as fh:
+        fh.write(json.dumps(end) + "\n")
+    block = _trained_with_block(client.get(f"/run/{rid}", headers=HOST).get_data(as_text=True))
+    assert block is not None  # from the end record: no trained-with.json
+    assert "<code>add --gradient_checkpointing</code> from step 4, for" in block and "cuda_oom" in block
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in block and "<script>" not in block  # escaped
+    assert "as of the run's end (finished," in block
+    # trained-with.json, written at the same end, is what the page reads when it is there
+    (run_dir / "trained-with.json").write_text(json.dumps({
+        "end": "finished", "ts": 1_790_000_060.0, "summary": "…",
+        "changes": [{**change, "change": "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "from_step": 2,
+                     "until_step": 4}, change]}))
+    block = _trained_with_block(client.get(f"/run/{rid}", headers=HOST).get_data(as_text=True))
+    assert block is not None and block.count('<li class="change">') == 2
+    assert "<code>set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True</code> from step 2 until step 4" in block
+    # a run trainsup changed nothing in says so
+    (run_dir / "trained-with.json").write_text(json.dumps({"end": "finished", "ts": 1_790_000_061.0, "changes": []}))
+    block = _trained_with_block(client.get(f"/run/{rid}", headers=HOST).get_data(as_text=True))
+    assert block is not None and "The recipe as given: trainsup changed nothing" in block
+
+
 def test_sample_is_served_and_nothing_outside(site: dict[str, Any]) -> None:
     client, rid, tmp = site["client"], site["rid"], site["tmp"]
     ok = client.get(f"/run/{rid}/file/1/lora_000003_00.png", headers=HOST)

@@ -6,6 +6,8 @@ answered: the ``remedy`` that follows it (``mylora: cuda_oom at step 812/2000 â€
 --gradient_checkpointing``), the ``gave_up`` that ends the run, or, failing both, the next launch.
 A notice's first line (its title) says what happened; its body gives the evidence line, the remedy,
 step, loss, speed and ETA; the sender appends the last lines of the attempt's log (``log_tail``).
+The end's notice (finished, gave up, stopped) says what the weights were trained with: every change
+trainsup made to the recipe, from which step and why (``run.trainedwith``, the end record's field).
 
 Pure but for ``log_tail``, which reads the log: the sender thread calls it, never the journal's.
 """
@@ -21,6 +23,7 @@ from typing import Any
 
 from ..faults.linetext import strip_ansi
 from ..record.textfmt import eta_seconds, format_duration, progress_parts
+from ..run import trainedwith
 
 EVIDENCE_CHARS = 500
 TAIL_LINE_CHARS = 400
@@ -156,6 +159,7 @@ class RunStory:
         verb = "gave up" if code == 3 else "stopped"
         lines = self._fault_lines(fault) if fault else []
         lines.append(f"reason: {reason}" + (f" (exit {code})" if code is not None else ""))
+        lines += _trained_with(end)
         kinds = ("gave_up",) + (self._kinds(str(fault.get("class")), "fault") if fault else ())
         return self._notice(kinds, f"{self._at(None, verb)} â€” {_first_line(reason)}", "failure", lines,
                             end.get("attempt") or self.attempt, None)
@@ -166,6 +170,7 @@ class RunStory:
         faults = ", ".join(f"{c} x{n}" for c, n in self.faults.items()) or "none"
         lines.append(f"attempts: {self.attempts}; faults: {faults}"
                      + (f"; took {format_duration(took)}" if took is not None else ""))
+        lines += _trained_with(end)
         return self._notice(("finished",), self._at(None, "finished"), "success", lines,
                             end.get("attempt") or self.attempt, None, speed=False)
 
@@ -217,6 +222,14 @@ class RunStory:
         if self.run_dir is not None:
             return self.run_dir.parent.name if self.run_dir.name == ".trainsup" else self.run_dir.name
         return "trainsup"
+
+
+def _trained_with(end: Mapping[str, Any]) -> list[str]:
+    """The end record's ``trained_with`` in one line (none from a trainsup that did not record it)."""
+    changes = end.get("trained_with")
+    if not isinstance(changes, list):
+        return []
+    return [trainedwith.summary([c for c in changes if isinstance(c, Mapping)])]
 
 
 def _first_line(text: str) -> str:

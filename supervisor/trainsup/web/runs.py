@@ -7,7 +7,8 @@ page's URLs is a hash of its run dir (a project that cannot be loaded: of its fi
 keeps working while the list changes.
 
 The detail comes from the run's files through ``journals`` (incrementally) and ``files``: the curve,
-the fault -> remedy -> resume timeline, the samples with their true step, the log tail.
+the fault -> remedy -> resume timeline, the samples with their true step, the log tail, and what the
+weights were trained with (``trained-with.json``, else the last end record's ``trained_with``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from markupsafe import Markup
 from ..commands.runref import RefError, RunRef, every_project, resolve
 from ..commands.status import LIVE_STATES, RunView, view
 from ..record.textfmt import format_duration, format_size
+from ..run import trainedwith
+from ..run.decide import EXIT_GAVE_UP
 from ..service.queuestore import Entry, QueueStore
 from . import plots
 from .files import SampleFile, file_url, log_tail, sample_files
@@ -191,6 +194,28 @@ class Detail:
     log: list[tuple[int, str]]
     broken_lines: int
     missing: str | None  # the run dir is gone, or was never made
+    trained_with: TrainedWith | None = None  # what trainsup changed in the recipe, as of the run's last end
+
+
+@dataclass
+class TrainedChange:
+    change: str
+    span: str  # "from step 8", "from step 4 until step 12"
+    cls: str
+    evidence: str | None
+
+
+@dataclass
+class TrainedWith:
+    """``trained-with.json`` (or the end record's ``trained_with``) as the page shows it."""
+
+    changes: list[TrainedChange]
+    end: str  # finished | gave_up | stopped
+    ts: float | None
+
+    @property
+    def when(self) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.ts)) if self.ts else "?"
 
 
 def detail(catalog: Catalog, run: KnownRun) -> Detail:
@@ -207,7 +232,40 @@ def detail(catalog: Catalog, run: KnownRun) -> Detail:
         items = timeline(records.decisions)
         samples = _samples(run, records, starts)
         broken = records.events.broken + records.progress.broken
-    return Detail(r, chart, gpu, items, samples, log_tail(run_dir), broken, None)
+        ended = next((d for d in reversed(records.decisions) if d.get("event") in ("finished", "gave_up")
+                      and isinstance(d.get("trained_with"), list)), None)
+    return Detail(r, chart, gpu, items, samples, log_tail(run_dir), broken, None,
+                  trained_with(trainedwith.load(run_dir), ended))
+
+
+def trained_with(written: dict[str, Any] | None, ended: dict[str, Any] | None) -> TrainedWith | None:
+    """The newer of ``trained-with.json`` and the last end record's field (the file may be missing, or
+    older: a full disk at the end); None before any end of a trainsup that records it."""
+    if ended is not None:
+        end = "finished" if ended.get("event") == "finished" else \
+            "gave_up" if ended.get("exit_code") == EXIT_GAVE_UP else "stopped"
+        from_end = {"end": end, "ts": ended.get("ts"), "changes": ended["trained_with"]}
+        if written is None or _float(from_end["ts"]) > _float(written.get("ts")):
+            written = from_end
+    if written is None:
+        return None
+    changes = []
+    for c in written.get("changes") or []:
+        if not isinstance(c, dict):
+            continue
+        given = c.get("why")
+        why: dict[str, Any] = given if isinstance(given, dict) else {}
+        span = f"from step {c.get('from_step')}" if c.get("from_step") is not None else "from its first attempt"
+        if c.get("until_step") is not None:
+            span += f" until step {c.get('until_step')} (then a new supervisor started from the recipe as given)"
+        evidence = why.get("evidence")
+        changes.append(TrainedChange(str(c.get("change")), span, str(why.get("class") or "unknown fault"),
+                                     str(evidence) if evidence else None))
+    return TrainedWith(changes, str(written.get("end") or "ended"), _float(written.get("ts")) or None)
+
+
+def _float(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
 def _drawn(records: RunRecords, name: str, key: Any, draw: Callable[[], Markup | None]) -> Markup | None:
