@@ -31,7 +31,7 @@ from ..sensors.oomkills import NOT_FOR_MEMORY, killed_for_memory, oom_kills
 from ..sensors.watch import FileWatcher
 from ..trainers.base import Plan, Setup, UsageError, rung_applies
 from ..trainers.registry import open_run
-from . import process
+from . import process, trainedwith
 from .attempt import AttemptHooks, AttemptResult, run_attempt, take_hang_stacks
 from .deadline import Deadline
 from .decide import EXIT_STOPPED, Decision, History, Outcome, decide, record, stops_at_once
@@ -375,13 +375,16 @@ class Supervisor:
     def _end(self, decision: Decision, attempt: int | None = None) -> int:
         decision = self.deadline.conclude(decision, self.stop_signal, self.journal, self.points, self.say)
         code = decision.exit_code if decision.exit_code is not None else EXIT_STOPPED
+        trained_with = trainedwith.conclude(self.run_dir, decision.kind, self.say)  # what remedies changed
         if decision.kind == "finish":
             final = self.points.publish_final()
-            self.journal.event("finished", reason=decision.reason, final_weights=final, attempt=attempt)
+            self.journal.event("finished", reason=decision.reason, final_weights=final, attempt=attempt,
+                               trained_with=trained_with)
             self.state = RunState.FINISHED
             self.say(f"state=finished final_weights={final}")
         else:
-            self.journal.event("gave_up", reason=decision.reason, exit_code=code, attempt=attempt)
+            self.journal.event("gave_up", reason=decision.reason, exit_code=code, attempt=attempt,
+                               trained_with=trained_with)
             self.state = RunState.GAVE_UP if decision.kind == "give_up" else RunState.STOPPED
             self.say(f"state={self.state.value} exit={code} reason={decision.reason}")
         self._status(state=self.state.value, exit_code=code, reason=decision.reason)
