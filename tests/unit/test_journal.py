@@ -200,3 +200,28 @@ def test_a_run_whose_status_says_finished_sets_its_ledger_aside_though_the_journ
     take_over(tmp_path, second, lambda _m: None, 1.0)
     second.close()
     assert (tmp_path / "ledger-1.json").exists() and not (tmp_path / "ledger.json").exists()
+
+
+def test_the_curve_never_holds_a_cut_line_on_a_full_disk(tmp_path: Path) -> None:
+    """progress.jsonl: a write the disk cuts short is taken back, so the next point starts a line."""
+    from trainsup.record.progress import ProgressLog
+
+    full = {"on": False}
+
+    def write(fd: int, data: bytes) -> int:
+        if full["on"]:
+            return os.write(fd, data[:7])  # the disk took 7 bytes of the line, then was full
+        return os.write(fd, data)
+
+    log = ProgressLog(write=write)
+    journal = Journal(tmp_path)
+    journal.listen(log)
+    journal.status(state="running", attempt=1, step=1, total=3)
+    full["on"] = True
+    journal.status(step=2)
+    full["on"] = False
+    journal.status(step=3)
+    log.close()
+    journal.close()
+    lines = (tmp_path / "progress.jsonl").read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line)["s"] for line in lines] == [1, 3] and log.write_errors == 1

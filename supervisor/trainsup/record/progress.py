@@ -12,15 +12,20 @@ Records, one JSON object a line:
 - ``{"ts", "a": attempt, "g": [{"i": index, "u": used MiB, "m": total MiB, "p": trainer MiB}]}``
   at most every ``GPU_INTERVAL_S`` while a GPU is read.
 
-A failed write is counted and never breaks the run (the journal reports its own failures).
+A failed write is counted and never breaks the run (the journal reports its own failures). Each
+record is one ``os.write`` of a whole line on an ``O_APPEND`` descriptor; a write the disk cuts short
+is taken back (the file truncated to where it was), so no line is ever cut or glued onto the next: the
+curve may miss a point on a full disk, never read a broken one.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from .journal import Journal
 
@@ -31,8 +36,9 @@ FILE_NAME = "progress.jsonl"
 class ProgressLog:
     """A ``JournalListener`` writing ``RUN_DIR/progress.jsonl``."""
 
-    def __init__(self) -> None:
-        self._fh: IO[str] | None = None
+    def __init__(self, write: Callable[[int, bytes], int] = os.write) -> None:
+        self._write_fd = write  # a seam: tests give it a disk that fills up
+        self._fd: int | None = None
         self._last: tuple[Any, Any] | None = None
         self._gpu_at = float("-inf")
         self._lock = threading.Lock()
@@ -40,7 +46,8 @@ class ProgressLog:
 
     def bind(self, journal: Journal) -> None:
         try:
-            self._fh = open(journal.run_dir / FILE_NAME, "a", encoding="utf-8")  # noqa: SIM115 - for the run
+            self._fd = os.open(journal.run_dir / FILE_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+                               0o644)
         except OSError:
             self.write_errors += 1
 
@@ -63,23 +70,31 @@ class ProgressLog:
                 for g in gpus if isinstance(g, dict)]})
 
     def _write(self, record: dict[str, Any]) -> None:
+        line = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode("utf-8")
         with self._lock:
-            if self._fh is None:
+            if self._fd is None:
                 return
+            size = None
             try:
-                self._fh.write(json.dumps(record, separators=(",", ":"), default=str) + "\n")
-                self._fh.flush()
-            except (OSError, ValueError):  # ValueError: written after close
+                size = os.fstat(self._fd).st_size
+                if self._write_fd(self._fd, line) != len(line):
+                    raise OSError("short write")
+            except OSError:
                 self.write_errors += 1
+                if size is not None:  # take a cut line back: the next record starts on a line of its own
+                    try:
+                        os.ftruncate(self._fd, size)
+                    except OSError:
+                        pass
 
     def close(self) -> None:
         with self._lock:
-            if self._fh is not None:
+            if self._fd is not None:
                 try:
-                    self._fh.close()
+                    os.close(self._fd)
                 except OSError:
                     pass
-                self._fh = None
+                self._fd = None
 
 
 def progress_path(run_dir: Path) -> Path:
