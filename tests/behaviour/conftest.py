@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from tests.behaviour.beds import BEDS, Bed
-from tests.behaviour.harness import Ctx, Run, digest_tree, supervise
+from tests.behaviour.harness import POLICY, Ctx, Run, digest_tree, supervise
 
 
 @pytest.fixture(scope="module", params=BEDS, ids=[b.name for b in BEDS])
@@ -27,10 +27,11 @@ def bed(request: pytest.FixtureRequest) -> Bed:
     return chosen
 
 
-def _run(bed: Bed, case: Any, factory: pytest.TempPathFactory, hook: Any = None) -> Run:
-    tmp = factory.mktemp(f"{bed.name}-{case}")
+def _run(bed: Bed, case: Any, factory: pytest.TempPathFactory, hook: Any = None, policy: str = POLICY,
+         label: str | None = None) -> Run:
+    tmp = factory.mktemp(f"{bed.name}-{label or case}")
     out = tmp / "out"
-    return supervise(bed.launch(case, out, tmp), out, tmp, hook)
+    return supervise(bed.launch(case, out, tmp), out, tmp, hook, policy=policy)
 
 
 def kill_at_state_10(bed: Bed, cut: bool) -> Any:
@@ -137,3 +138,20 @@ def remedy_run(bed: Bed, tmp_path_factory: pytest.TempPathFactory) -> Run:
 @pytest.fixture(scope="module")
 def sigterm_run(bed: Bed, tmp_path_factory: pytest.TempPathFactory) -> Run:
     return _run(bed, "sigterm", tmp_path_factory, sigterm_at_state_5)
+
+
+def kill_at_state_5(event: dict[str, Any], ctx: Ctx, bed: Bed) -> None:
+    """A hook: kill -9 the trainer once attempt 1 saved step 5 (with no restart allowed: a give-up)."""
+    if event["event"] != "state_saved" or event["step"] != 5 or "killed" in ctx.marks:
+        return
+    trainer = bed.trainer_process(ctx.pid)
+    assert trainer is not None, f"{bed.name}: no trainer process under trainsup"
+    trainer.kill()
+    ctx.marks["killed"] = trainer.pid
+
+
+@pytest.fixture(scope="module")
+def gave_up_run(bed: Bed, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """The trainer killed after its state of step 5 under a policy allowing no restart: trainsup gives up."""
+    return _run(bed, "clean", tmp_path_factory, lambda event, ctx: kill_at_state_5(event, ctx, bed),
+                POLICY + "restart:\n  max: 0\n", label="gave-up")

@@ -162,13 +162,16 @@ def test_the_same_command_after_it_finished_trains_nothing_and_changes_no_file(b
     assert sorted(clean_run.run_dir.glob("attempt-*.log")) == logs
 
 
+@pytest.mark.parametrize("which", ["sigterm_run", "gave_up_run"])
 def test_another_run_in_the_same_output_dir_never_resumes_the_first_or_touches_its_files(
-        bed: Bed, sigterm_run: Run, tmp_path: Path) -> None:
-    """The first run stopped (SIGTERM, as Ctrl-C) with its states in the output dir; a second run with
-    another output name and network size there: it trains from step 0 in a run dir of its own (a
-    trainer without output names, whose saves would land on the first's, is refused), and every file
-    of the first stays byte-identical."""
-    first = sigterm_run
+        bed: Bed, which: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """The first run stopped (SIGTERM, as Ctrl-C; or given up after a kill with no restart allowed) with
+    its states in the output dir; a second run with another output name and network size there: it
+    trains from step 0 in a run dir of its own (a trainer without output names, whose saves would land
+    on the first's, is refused), and every file of the first stays byte-identical."""
+    first: Run = request.getfixturevalue(which)
+    if which == "gave_up_run":
+        assert first.returncode == 3 and first.events[-1]["event"] == "gave_up", first.stderr[-3000:]
     before = digest_tree(first.out)
     launch, own_dir = bed.other_run(first.out, tmp_path)
     if own_dir is None:  # the second run's saves would land on the first's names: refused, nothing made
