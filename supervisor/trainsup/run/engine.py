@@ -41,7 +41,7 @@ from .observe import Observations
 from .ownership import Refused, claim
 from .policy import Policy
 from .remedy import Remedier
-from .rundir import HANDED_OVER_ENV, IdentityError, find_home, record_identity, refusal
+from .rundir import HANDED_OVER_ENV, IdentityError, edited, find_home, record_identity, refusal
 from .runstate import RunState, check_transition
 from .sdnotify import Notifier, status_line
 from .spec import CHILD_ENV_DEFAULTS, SUPERVISOR_ONLY_ENV, RunSpec
@@ -335,6 +335,8 @@ class Supervisor:
 
     def _on_file_changed(self, change: tuple[Path, str]) -> None:
         action = self.live.on_change(*change, self.plan)  # the adapter updates the plan remedies read
+        if action != "none":
+            edited(self.run_dir, self.trainer)  # an input edited live is still this run
         if action in ("policy", "command"):
             self.policy = self.live.policy
             self.gpu.policy = self.policy.gpu

@@ -91,6 +91,15 @@ def refusal(home: Home, trainer: TrainerRun, ledger: Ledger, start: Start) -> tu
     return None
 
 
+def edited(run_dir: Path, trainer: TrainerRun) -> None:
+    """An edit of the run's inputs was taken (a config's learning rate, a caption): the run is still
+    this run, so its identity is what the files say now (a later start compares against that)."""
+    try:
+        write_identity(run_dir, Identity(trainer.identity()), trainer.label, replaced=True)
+    except (OSError, ValueError):
+        pass
+
+
 def record_identity(home: Home, trainer: TrainerRun) -> None:
     """Write ``identity.json`` once (again after a hand-over: the user's edit is this run's)."""
     try:
@@ -99,5 +108,5 @@ def record_identity(home: Home, trainer: TrainerRun) -> None:
         pass  # a full disk must not end supervision; the next start compares by command then
 
 
-__all__ = ["HANDED_OVER_ENV", "Home", "IdentityError", "Start", "find_home", "record_identity", "refusal",
+__all__ = ["HANDED_OVER_ENV", "Home", "IdentityError", "Start", "edited", "find_home", "record_identity", "refusal",
            "this_runs_dir"]

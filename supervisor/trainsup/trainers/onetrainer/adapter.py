@@ -37,6 +37,12 @@ DEFAULT_WORKSPACE = "workspace/run"  # OneTrainer's defaults, relative to its ro
 DEFAULT_OUTPUT = "models/model.safetensors"
 
 
+# Config keys that shape the weights (OneTrainer's own names).
+_SHAPING = ("base_model_name", "model_type", "training_method", "learning_rate", "lora_rank", "lora_alpha",
+            "optimizer.optimizer", "resolution", "epochs", "batch_size", "gradient_accumulation_steps",
+            "concept_file_name", "train_dtype", "output_model_format")
+
+
 class OneTrainerRun(TrainerRun):
     family = "onetrainer"
     plan: OTPlan
@@ -92,6 +98,20 @@ class OneTrainerRun(TrainerRun):
     @property
     def label(self) -> str | None:
         return self.model_out.stem
+
+    def identity(self) -> dict[str, Any]:
+        """The settings of the config (and ``--config-value``s) that shape the weights, with where
+        they go: a config edited live is the same run (the engine records the edit's identity)."""
+        try:
+            plan = OTPlan.parse(list(self.given_argv), self.cwd, read=not self.settings_unknown)
+        except ValueError:  # the config cannot be read now: its path and command stand for it
+            return {"trainer": self.family, "command": list(self.given_argv)}
+        fields: dict[str, Any] = {"trainer": self.family, "workspace": str(self.workspace),
+                                  "output_model_destination": str(self.model_out)}
+        for key in _SHAPING:
+            value = plan.value(key)
+            fields[key] = value if isinstance(value, (str, int, float, bool)) or value is None else str(value)
+        return fields
 
     def samples(self) -> Samples | None:
         # OneTrainer: WORKSPACE/samples/<i> - <prompt>/<ts>-training-sample-<global step>-<epoch>-<epoch step>.<ext>
