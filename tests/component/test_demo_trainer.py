@@ -181,7 +181,8 @@ def test_prompt_edited_mid_run_breaks_flux_te_cache(assets: dict[str, Path], tmp
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=demo_env(TRAINSUP_DEMO_STEP_SECONDS="0.15"))
     try:
-        wait_until(lambda: (out / "sample" / "000005_01.png").exists(), timeout=60, what="first samples")
+        # kohya's names: STEP6_II_TIMESTAMP[_SEED].png
+        wait_until(lambda: any((out / "sample").glob("000005_01_*.png")), timeout=60, what="first samples")
         with open(prompts, "a") as f:
             f.write("a prompt added while training --w 16 --h 16 --d 3\n")
         _, stderr = proc.communicate(timeout=60)

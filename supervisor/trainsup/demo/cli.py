@@ -77,6 +77,9 @@ def build_parser(flux: bool) -> argparse.ArgumentParser:
     # sampling
     parser.add_argument("--sample_prompts", type=str, default=None, help="file for prompts to generate samples")
     parser.add_argument("--sample_every_n_steps", type=int, default=None, help="generate samples every N steps")
+    parser.add_argument("--sample_every_n_epochs", type=int, default=None,
+                        help="generate samples every N epochs (overwrites n_steps)")
+    _flag(parser, "sample_at_first", "generate sample images before training")
     # config
     parser.add_argument("--config_file", type=str, default=None, help="using .toml instead of args to pass hyperparameter")
     if flux:
@@ -135,6 +138,12 @@ def verify_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> No
             " / sample_every_n_stepsに0以下の値が指定されたため無効になります"
         )
         args.sample_every_n_steps = None
+    if args.sample_every_n_epochs is not None and args.sample_every_n_epochs <= 0:
+        logger.warning(
+            "sample_every_n_epochs is less than or equal to 0, so it will be disabled"
+            " / sample_every_n_epochsに0以下の値が指定されたため無効になります"
+        )
+        args.sample_every_n_epochs = None
     if args.network_module is None:
         args.network_module = "networks.lora"
 

@@ -186,6 +186,8 @@ class Trainer:
             # the step counter restarts at the position inside the epoch: labels after resume are wrong
             global_step = initial_step
 
+        # For --sample_at_first: before training, at global step 0 (named as epoch 0, as kohya does)
+        self._sample(0, 0)
         unet_dtype = next(s.model.unet.parameters()).dtype
         logger.info(f"unet dtype: {unet_dtype}, device: cpu")
         bar = ProgressBar(args.max_train_steps - initial_step, desc="steps")
@@ -250,17 +252,24 @@ class Trainer:
                         logger.info("")
                         logger.info(f"saving state at epoch {epoch + 1}")
                         self.save_state(epoch_state_name(args.output_name, epoch + 1), epoch + 1, global_step)
+            self._sample(epoch + 1, global_step)  # an epoch's samples come after its save
             if global_step >= args.max_train_steps:
                 break
         return global_step, current_epoch
 
+    def _sample(self, epoch: int | None, global_step: int) -> None:
+        """kohya's sample_images: ``epoch`` None within an epoch, its number at its end, 0 at first."""
+        s = self.s
+        if s.sample_writer is not None and s.sample_writer.due(self.args, epoch, global_step):
+            s.network.eval()
+            s.sample_writer.sample(global_step, s.model.unet, s.model.vae, s.model.text_encoder, s.latents_cached,
+                                   epoch)
+            s.network.train()
+
     def _after_optimizer_step(self, global_step: int, current_epoch: int) -> None:
         s, args = self.s, self.args
         # samples come before the save of the same step: a crash here loses that step's state
-        if s.sample_writer is not None and global_step % args.sample_every_n_steps == 0:
-            s.network.eval()
-            s.sample_writer.sample(global_step, s.model.unet, s.model.vae, s.model.text_encoder, s.latents_cached)
-            s.network.train()
+        self._sample(None, global_step)
         if args.save_every_n_steps is not None and global_step % args.save_every_n_steps == 0:
             self.save_weights(step_weights_name(args.output_name, global_step), global_step, current_epoch)
             if args.save_state:

@@ -163,7 +163,7 @@ def prepare(args: argparse.Namespace, arch: Arch, sim: faults.Simulation) -> Ses
     )
 
     sample_writer = None
-    if args.sample_prompts is not None and args.sample_every_n_steps is not None:
+    if args.sample_prompts is not None:
         sample_writer = SampleWriter(
             arch, Path(args.sample_prompts), Path(args.output_dir), args.output_name,
             args.mixed_precision != "no", sim,

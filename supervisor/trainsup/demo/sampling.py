@@ -5,15 +5,19 @@ options), re-reading the file at every sampling point as sd-scripts does, the
 Flux-style start-up cache of prompt encodings (a prompt edited mid-run finds no
 entry and fails on the T5 attention mask), generating the tiny images with a
 private generator so the training RNG is never perturbed, and the sample
-outputs (`sample/*.png` plus `sample/prompts_used.jsonl`).
+outputs (`sample/*.png` plus `sample/prompts_used.jsonl`), named as kohya names them:
+`[NAME_]STEP6_II_TIMESTAMP[_SEED].png`, an epoch's `eEPOCH6` (`--sample_at_first`: `e000000`),
+with the step the trainer counts (after a resume, from 0 again).
 """
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import logging
 import re
+import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,8 +130,21 @@ class SampleWriter:
         assert text_encoder is not None, "sampling needs the text encoder or cached prompt outputs"
         return text_encoder.encode_texts([prompt])
 
+    @staticmethod
+    def due(args: argparse.Namespace, epoch: int | None, steps: int) -> bool:
+        """kohya's sample_images_common gate: at step 0 only with --sample_at_first; with
+        --sample_every_n_epochs only at the end of such an epoch (--sample_every_n_steps ignored);
+        else at every N-th step the trainer counts, never at an epoch's end."""
+        if steps == 0:
+            return bool(args.sample_at_first)
+        if args.sample_every_n_epochs is not None:
+            return epoch is not None and epoch % args.sample_every_n_epochs == 0
+        every = args.sample_every_n_steps
+        return every is not None and steps % every == 0 and epoch is None
+
     def sample(
-        self, step: int, unet: Denoiser, vae: VAE, text_encoder: TextEncoder | None, latents_cached: bool
+        self, step: int, unet: Denoiser, vae: VAE, text_encoder: TextEncoder | None, latents_cached: bool,
+        epoch: int | None = None,
     ) -> None:
         logger.info("")
         logger.info(f"generating sample images at step / サンプル画像生成 ステップ: {step}")
@@ -141,10 +158,11 @@ class SampleWriter:
         # keep the global RNG streams untouched: resumed runs must see the same noise
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             for index, spec in enumerate(specs):
-                self._one(step, index, spec, unet, vae, text_encoder)
+                self._one(step, epoch, index, spec, unet, vae, text_encoder)
 
     def _one(
-        self, step: int, index: int, spec: PromptSpec, unet: Denoiser, vae: VAE, text_encoder: TextEncoder | None
+        self, step: int, epoch: int | None, index: int, spec: PromptSpec, unet: Denoiser, vae: VAE,
+        text_encoder: TextEncoder | None,
     ) -> None:
         seed = spec.seed if spec.seed is not None else step * 100 + index
         logger.info(f"prompt: {spec.prompt}")
@@ -167,7 +185,10 @@ class SampleWriter:
         bar.close()
         rgb = ((image.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(1, 2, 0).numpy()
         width, height = min(max(spec.width, 1), 256), min(max(spec.height, 1), 256)
-        path = self.sample_dir / f"{self.prefix}{step:06d}_{index:02d}.png"
+        number = f"e{epoch:06d}" if epoch is not None else f"{step:06d}"
+        stamp = time.strftime("%Y%m%d%H%M%S", time.localtime())
+        seeded = "" if spec.seed is None else f"_{spec.seed}"
+        path = self.sample_dir / f"{self.prefix}{number}_{index:02d}_{stamp}{seeded}.png"
         write_png(path, resize_nearest(np.ascontiguousarray(rgb), width, height))
         with open(self.sample_dir / "prompts_used.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps({"step": step, "index": index, "prompt": spec.prompt, "file": str(path)}) + "\n")

@@ -328,6 +328,9 @@ class Supervisor:
         if self.points.run_complete:
             self.events.put(("complete", None))
             return
+        if self.points.relaunch_at_state:  # the adapter journaled and said why: a planned relaunch
+            self.events.put(("stop_for_change", None))
+            return
         if self.stop_at_checkpoint and new:
             self.stop_at_checkpoint = False
             self.say(f"checkpoint {new[-1].dir} is complete: restarting from it to apply the scheduled change")

@@ -185,6 +185,9 @@ class StateStore(Protocol):
     """The run's resume points: the states each attempt saved, with their true steps, in the ledger."""
 
     run_complete: bool  # the last step's state is complete: the engine stops the trainer, run done
+    # A state is complete that the trainer is better resumed from at once (kohya: the end of a segment
+    # whose cadence would write too many saves): the engine stops it and relaunches, no budget spent.
+    relaunch_at_state: bool
 
     def continue_ledger(self) -> None: ...
     def begin(self, attempt: int, resume_step: int, output_name: str | None = None) -> object: ...

@@ -33,6 +33,7 @@ class NoStates:
     """A trainer whose states trainsup does not know: nothing to claim, nothing to resume from."""
 
     run_complete = False
+    relaunch_at_state = False
 
     def continue_ledger(self) -> None:
         return None

@@ -41,6 +41,7 @@ class LedgerStates:
                 self.ledger.mark_bad(Path(state.dir))
 
     run_complete = False  # the last step's state is complete: stop the trainer, the run is done
+    relaunch_at_state = False  # an exact resume point is complete: stop the trainer and resume from it
 
     def newest(self, nan_step: int | None = None, max_steps: int | None = None,
                accept: Callable[[StateRecord], bool] = lambda _state: True) -> StateRecord | None:

@@ -6,12 +6,16 @@ An attempt that resumes, or that starts over after an earlier attempt of this ru
 writes under its own ``--output_name`` (``NAME-trainsupN``): kohya labels post-resume saves with
 wrong step numbers and would otherwise overwrite earlier states and weights. The ledger maps every
 state to its absolute step; the final weights are published where the user's command puts them.
+A resumed attempt's step saves and step samples get cadences of its own (``exact``) whose labels
+land on the user's true steps, and no ``--sample_at_first`` (an uninterrupted run has no sample at
+the resume step); its samples are published under their true names (``samples``).
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +38,10 @@ from .plan import LaunchPlan, apply_action, upgrade_spec
 from .points import Cadence, ResumePoints
 from .prepare import prepare
 from .profile import script_info
+from .samples import SampleCadence
+
+# sd-scripts: OUTPUT_DIR/sample/[NAME_]STEP6_II_TIMESTAMP[_SEED].png (epoch samples: eEPOCH6)
+_SAMPLE_STEP = r"(\d{6})_\d{2}(?:_\d{14})?(?:_\d+)?\.png$"
 
 # Flags only kohya-style trainers take: a script of another name with one of them is kohya's too.
 _TELLTALE = ("--pretrained_model_name_or_path", "--network_module", "--dataset_config", "--train_data_dir")
@@ -56,7 +64,7 @@ class KohyaRun(TrainerRun):
             self.notes.append(f"--config_file {config} is not readable here: flags set in it are unknown")
         self.cwd, self.settings = setup.cwd, setup.settings
         self.given = tuple(setup.argv)  # doctor judges the command as the user gave it
-        self.output = KohyaOutput()
+        self.output = self.kohya_output = KohyaOutput()
 
     @property
     def label(self) -> str | None:
@@ -71,20 +79,40 @@ class KohyaRun(TrainerRun):
         return outputs_under(self.output_dir or self.cwd, self.prepared.output_name)
 
     def samples(self) -> Samples | None:
-        # sd-scripts: OUTPUT_DIR/sample/[NAME_]STEP6_II_TIMESTAMP[_SEED].png (epoch samples: eEPOCH6)
-        return Samples(((self.output_dir or self.cwd) / "sample",), r"(?:^|_)(\d{6})_\d{2}(?:_\d{14})?(?:_\d+)?\.png$")
+        # Only the user's own name holds a true step: an attempt's own (NAME-trainsupN_...) is placed by
+        # its time on the page until trainsup publishes it under the true name and moves it away.
+        name = self.prepared.output_name
+        return Samples(((self.output_dir or self.cwd) / "sample",), f"^{re.escape(f'{name}_' if name else '')}"
+                       + _SAMPLE_STEP)
+
+    def samples_record(self) -> dict[str, Any] | None:
+        found = self.samples()  # the names it shows are true: the bar's resume offset is not added
+        return None if found is None else found.record(absolute_steps=True)
 
     def bind(self, run_dir: Path, ledger: Ledger, journal: Journal, say: Say) -> None:
         fp16 = self.plan.value("mixed_precision") == "fp16"
         p = self.prepared
         ext = str(self.plan.value("save_model_as") or "safetensors")
         cadence = Cadence(p.max_train_steps, p.save_every_steps, p.user_epoch_every,
-                          ext if ext in ("safetensors", "ckpt", "pt") else "safetensors")
+                          ext if ext in ("safetensors", "ckpt", "pt") else "safetensors",
+                          str(self.plan.value("save_every_n_epochs")) == "1")
         self.points = ResumePoints(ledger, self.output_dir or self.cwd, fp16, journal, say, p.output_name,
-                                   cadence, run_dir)
+                                   cadence, run_dir, self._sample_cadence())
+        self.points.epoch_seen = lambda: self.kohya_output.epoch_started
         self.states = self.points
         self.kohya_inputs = KohyaInputs(self.plan, self.cwd, run_dir, self.settings, journal, say)
         self.inputs = self.kohya_inputs
+
+    def _sample_cadence(self) -> SampleCadence | None:
+        """When the user's command samples (command line over --config_file), or None."""
+        def number(flag: str) -> int | None:
+            value = str(self.plan.value(flag) or "")
+            return int(value) if value.isdigit() and int(value) > 0 else None  # kohya: <= 0 disables
+
+        if not self.plan.value("sample_prompts"):
+            return None
+        return SampleCadence(number("sample_every_n_steps"), number("sample_every_n_epochs"),
+                             self.plan.effective("sample_at_first"), self.total_steps or 0)
 
     def launch(self, plan: Plan, attempt: int, resume: StateRecord | None, run_dir: Path) -> list[str]:
         assert isinstance(plan, LaunchPlan)
@@ -109,13 +137,24 @@ class KohyaRun(TrainerRun):
         else:
             cmd.remove("resume")
             cmd.remove("initial_step")
+        self.kohya_output.epoch_started = 0
         saves = self.points.begin(attempt, resume.step if resume else 0, output_name, skips)
+        never = str((self.total_steps or 0) + 1)  # past every label it counts (a --config_file's too)
         if not own_name:
             # Its labels run behind the true steps: a cadence whose saves land on the user's steps.
             if saves.every:
                 cmd.set("save_every_n_steps", str(saves.every))
+            elif saves.offset > 0:
+                cmd.set("save_every_n_steps", never)
             else:
                 cmd.remove("save_every_n_steps")
+        if saves.sample_every is not None:  # likewise its step samples
+            cmd.set("sample_every_n_steps", str(saves.sample_every) if saves.sample_every else never)
+        if resume is not None:
+            # It would sample at the resume step, which an uninterrupted run does not.
+            cmd.remove("sample_at_first")
+            if plan.config_value("sample_at_first") not in (None, False):
+                plan.config_overlay_removed.add("sample_at_first")
         self.kohya_inputs.before_launch(attempt, plan)
         plan.write_derived_configs(run_dir, attempt)
         return cmd.argv()

@@ -6,8 +6,9 @@ labels to absolute steps through the ledger, and names itself so it cannot overw
 earlier attempt wrote. Choosing where to resume skips bad (half-saved) states and, after a NaN, any
 state from the NaN step on or whose weights are not finite; among the rest it prefers a state at an
 epoch's end, the only point sd-scripts resumes from exactly (``exact``). Each claimed save is then
-published under its true name or hidden in the run dir (``publish``), and the state of the last
-step ends the run when the trainer would train past it.
+published under its true name or hidden in the run dir (``publish``), and so is each sample
+(``samples``); the state of the last step ends the run when the trainer would train past it, and
+the state at the end of an attempt's segment has it relaunched from there (``relaunch_at_state``).
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from pathlib import Path
 from ...record.journal import Journal
 from ...record.ledger import AttemptRecord, Ledger, StateRecord, label_offset
 from ..ledgerstates import LedgerStates
-from .exact import AttemptSaves, attempt_saves, epoch_aligned
-from .profile import final_weights_name, parse_state_name, state_dir_names, weights_files_for
+from .exact import AttemptSaves, attempt_saves, epoch_aligned, save_steps
+from .profile import final_weights_name, parse_state_name, save_names, state_dir_names, weights_files_for
 from .publish import Publisher
-from .states import check_state, state_dirs
+from .samples import SampleCadence, SampleShelf
+from .states import check_safetensors, check_state, state_dirs
 from .weights import has_non_finite
 
 
@@ -37,6 +39,7 @@ class Cadence:
     every_steps: int | None
     every_epochs: int | None  # the user's own epoch cadence; trainsup saves every epoch regardless
     ext: str = "safetensors"
+    epoch_states: bool = True  # a state at every epoch's end (trainsup's --save_every_n_epochs 1)
 
 
 def _names(output_name: str | None) -> set[str]:
@@ -44,10 +47,18 @@ def _names(output_name: str | None) -> set[str]:
     return {step, epoch, final[: -len("-state")]}
 
 
+def _written(state: Path) -> float:
+    try:
+        return (state / "random_states_0.pkl").stat().st_mtime
+    except OSError:
+        return float("inf")  # not complete: looked at last
+
+
 class ResumePoints(LedgerStates):
     def __init__(self, ledger: Ledger, output_dir: Path, need_scaler: bool, journal: Journal,
                  say: Callable[[str], None], user_output_name: str | None = None,
-                 cadence: Cadence | None = None, run_dir: Path | None = None) -> None:
+                 cadence: Cadence | None = None, run_dir: Path | None = None,
+                 samples: SampleCadence | None = None) -> None:
         super().__init__(ledger, journal, say)
         self.output_dir, self.need_scaler = output_dir, need_scaler
         self.user_output_name = user_output_name  # where the final weights are published
@@ -59,6 +70,10 @@ class ResumePoints(LedgerStates):
         self.final_from: tuple[Path, Path | None] | None = None  # (weights, state) of the last step
         self.publisher = Publisher(output_dir, run_dir or output_dir / ".trainsup", self.run_started,
                                    journal.event, ledger.moved)
+        self.samples = None if samples is None else SampleShelf(
+            output_dir / "sample", self.publisher.run_dir, user_output_name, samples, self.run_started, journal.event)
+        self.segment_end_saved = False  # the state the segment's relaunch starts from is complete
+        self.epoch_seen: Callable[[], int] = lambda: 0  # the newest epoch the trainer began (adapter's)
 
     def continue_ledger(self) -> None:
         """A ledger left by an earlier supervisor of this run dir (it died, or was stopped): claim
@@ -72,6 +87,8 @@ class ResumePoints(LedgerStates):
         self.run_started = min([a.started for a in self.ledger.attempts if a.started is not None]
                                + [self.run_started])
         self.publisher.run_started = self.run_started
+        if self.samples is not None:
+            self.samples.run_started = self.run_started
         self.saves = self._plan(last)
         self.collect()
 
@@ -83,6 +100,7 @@ class ResumePoints(LedgerStates):
         self.attempt, self.output_name, self.resume_step = attempt, output_name, resume_step
         self.attempt_started = time.time()
         self.run_complete, self.final_from = False, None
+        self.relaunch_at_state = self.segment_end_saved = False
         offset = None
         if resume_step == 0:
             offset = 0
@@ -101,6 +119,8 @@ class ResumePoints(LedgerStates):
         for rec in self.ledger.attempts:
             if rec.attempt == attempt or not rec.output_name or rec.output_name == self.user_output_name:
                 continue
+            if self.samples is not None:  # its trainer is gone: what it sampled is final
+                self.samples.settle(rec.output_name, rec.offset, ended=True)
             for prefix in _names(rec.output_name):
                 for path in sorted(self.output_dir.glob(f"{glob.escape(prefix)}[-.]*")):
                     if self.ledger.step_of(path) is None:
@@ -116,7 +136,28 @@ class ResumePoints(LedgerStates):
         c = self.cadence
         if offset is None or not c.max_steps:
             return AttemptSaves(0, c.every_steps, frozenset(), None)  # unknown: the user's cadence, as given
-        return attempt_saves(offset, rec.resume_step, c.max_steps, per_epoch, c.every_steps)
+        # Saved at or before the newest state the ledger knows: what the output dir shows needs no save.
+        proven = max([s.step for s in self.ledger.states], default=0)
+        saves_done = frozenset(s for s in save_steps(rec.resume_step, proven, c.every_steps) if self._shows_save(s))
+        sample = self.samples.cadence if self.samples is not None else None
+        return attempt_saves(offset, rec.resume_step, c.max_steps, per_epoch, c.every_steps, saves_done=saves_done,
+                             sample_every=sample.every_steps if sample and not sample.every_epochs else None,
+                             samples_done=frozenset(s for s in self.samples.steps_shown() if s <= proven)
+                             if self.samples is not None else frozenset(), epoch_states=c.epoch_states)
+
+    def _shows_save(self, step: int) -> bool:
+        """Whether the output dir shows this step's save, complete, under its true name."""
+        user = self.user_output_name
+        weights = self.output_dir / self._weights_name(user, "step", step)
+        state = self.output_dir / self._state_name(user, "step", step)
+        whole = check_safetensors(weights) == "" if weights.suffix == ".safetensors" else weights.is_file()
+        return whole and check_state(state, need_scaler=self.need_scaler).ok
+
+    def _offset(self) -> int | None:
+        try:
+            return self.ledger.attempt(self.attempt).offset
+        except KeyError:
+            return None
 
     def summary(self, batches_per_epoch: int | None, grad_accum: int | None) -> None:
         """Fix the attempt's label offset from the start-up summary, and with it where its saves land
@@ -145,7 +186,9 @@ class ResumePoints(LedgerStates):
         """Enter this attempt's complete states in the ledger (disk is the truth, lines are hints)."""
         names = _names(self.output_name)
         recorded: list[StateRecord] = []
-        for path in [only] if only is not None else state_dirs(self.output_dir, names):
+        # In the order they were written (their last file's time): a step state and the epoch's at the
+        # same step are claimed as the trainer saved them, whichever output line arrived first.
+        for path in [only] if only is not None else sorted(state_dirs(self.output_dir, names), key=_written):
             parsed = parse_state_name(path.name)
             if parsed is None or parsed[0] not in names or self.ledger.step_of(path) is not None:
                 continue
@@ -158,26 +201,34 @@ class ResumePoints(LedgerStates):
             if state is not None:
                 recorded.append(state)
                 self._settle(state, parsed[1], parsed[2])
+        if self.samples is not None:
+            self.samples.settle(self.output_name, self._offset(), ended=False)
+        self._relaunch_when_due()
         return recorded
+
+    def _relaunch_when_due(self) -> None:
+        """The segment's end is saved: relaunch from it, once what sd-scripts does at that epoch's end
+        after the state (its epoch samples) is done too, i.e. once the next epoch has begun."""
+        at, per_epoch = self.saves.relaunch_at, self.per_epoch()
+        if at is None or not self.segment_end_saved or self.relaunch_at_state or self.run_complete:
+            return
+        epoch = at // per_epoch if per_epoch else 0
+        if self.samples is not None and self.samples.cadence.wants_epoch(epoch) and self.epoch_seen() <= epoch:
+            return
+        self.relaunch_at_state = True
+        self.journal.event("segment_relaunch", step=at, attempt=self.attempt, why=self.saves.why)
+        self.say(f"step {at} (the end of epoch {epoch}) is saved: relaunching from it, so that the next "
+                 f"attempt's saves land on your steps without a save at every step ({self.saves.why})")
 
     # --- what the output dir shows ---------------------------------------------------------------
     def _own_name(self) -> bool:
         return self.output_name == self.user_output_name
 
     def _weights_name(self, output_name: str | None, kind: str, number: int | None) -> str:
-        step_name, epoch_name, _ = state_dir_names(output_name)
-        ext = self.cadence.ext
-        if kind == "step":
-            return f"{step_name}-step{number:08d}.{ext}"
-        if kind == "epoch":
-            return f"{epoch_name}-{number:06d}.{ext}"
-        return final_weights_name(output_name)
+        return save_names(output_name, kind, number, self.cadence.ext)[0]
 
     def _state_name(self, output_name: str | None, kind: str, number: int | None) -> str:
-        step_name, epoch_name, final = state_dir_names(output_name)
-        if kind == "step":
-            return f"{step_name}-step{number:08d}-state"
-        return f"{epoch_name}-{number:06d}-state" if kind == "epoch" else final
+        return save_names(output_name, kind, number, self.cadence.ext)[1]
 
     def _settle(self, state: StateRecord, kind: str, number: int | None) -> None:
         """A save was just claimed: publish it under its true name, hide it, or leave it be."""
@@ -185,7 +236,7 @@ class ResumePoints(LedgerStates):
             return  # the final save is published when the run finishes
         true_number = state.step if kind == "step" else number
         user_sees = (state.step in self.saves.wanted or self._own_name()) if kind == "step" else \
-            bool(self.cadence.every_epochs) and (number or 0) % (self.cadence.every_epochs or 1) == 0
+            self._user_epoch(number or 0)
         state_path = Path(state.dir)
         weights = self.output_dir / self._weights_name(self.output_name, kind, number)
         if self._own_name() and user_sees:
@@ -202,11 +253,21 @@ class ResumePoints(LedgerStates):
             hidden_state = moved or state_path
             if moved is not None:
                 self._prune()
+        if state.step == self.saves.relaunch_at and (kind == "epoch" or not self._user_epoch(
+                state.step // (self.per_epoch() or state.step))):
+            # The segment ends at an epoch's end: exact to resume from, a step state there as well as
+            # the epoch's, unless the user's own epoch cadence shows that epoch's save: then that one.
+            self.segment_end_saved = True
         if self.saves.stop_at is not None and state.step == self.saves.stop_at:
             self.final_from = (hidden_weights, hidden_state)
             self.run_complete = True
             self.say(f"step {state.step} is saved: the run is complete; stopping the trainer "
                      "(sd-scripts would train on past --max_train_steps after a resume)")
+
+    def _user_epoch(self, epoch: int) -> bool:
+        """Whether the user's own epoch cadence shows this epoch's save."""
+        every = self.cadence.every_epochs
+        return bool(every) and epoch % every == 0  # type: ignore[operator]
 
     def _prune(self) -> None:
         """Keep ``RUN_DIR/saves/`` small: of the saves trainsup hid (its own, asked for by its own
@@ -281,6 +342,8 @@ class ResumePoints(LedgerStates):
         user = self.user_output_name
         want = self.output_dir / final_weights_name(user)
         final_state = state_dir_names(user)[2]
+        if self.samples is not None:
+            self.samples.settle(self.output_name, self._offset(), ended=True)
         if self.final_from is not None:
             weights, state = self.final_from
         elif not self._own_name():

@@ -92,6 +92,16 @@ def state_dir_names(output_name: str | None) -> tuple[str, str, str]:
             f"{output_name or DEFAULT_LAST_NAME}-state")
 
 
+def save_names(output_name: str | None, kind: str, number: int | None, ext: str = "safetensors") -> tuple[str, str]:
+    """(weights file, state dir) of a save of this kind (step, epoch or final) and number."""
+    step_name, epoch_name, final = state_dir_names(output_name)
+    if kind == "step":
+        return f"{step_name}-step{number:08d}.{ext}", f"{step_name}-step{number:08d}-state"
+    if kind == "epoch":
+        return f"{epoch_name}-{number:06d}.{ext}", f"{epoch_name}-{number:06d}-state"
+    return final_weights_name(output_name), final
+
+
 def parse_state_name(dirname: str) -> tuple[str, str, int | None] | None:
     """(name, kind, number) for a kohya state dir name; kind is step, epoch or final."""
     m = _STEP_STATE.match(dirname)

@@ -1,0 +1,151 @@
+"""Owns sd-scripts' sample images across attempts: the names and steps an uninterrupted run gives them.
+
+sd-scripts writes ``OUTPUT_DIR/sample/[NAME_]STEP6_II_TIMESTAMP[_SEED].png`` (II: the prompt's
+place in the prompt file; an epoch's samples ``eEPOCH6``, ``--sample_at_first``'s ``e000000``), with
+the step it counts: after a resume, the attempt's own label. An attempt that writes under its own
+``NAME-trainsupN`` name (see ``adapter``) has each complete sample that the user's sample cadence asks
+for published under the user's name and its true step, a hard link (the timestamp and seed kept), and
+never over a sample of the same step and prompt this run already shows; then the attempt's file is
+moved into ``RUN_DIR/saves/samples/`` (journal ``sample_published``, ``sample_hidden``), whatever
+it was. A sample still being written is left until it is complete, or until its attempt has ended.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...record.fsutil import move_into
+
+_NAME = re.compile(r"^(?P<epoch>e?)(?P<number>\d{6})_(?P<index>\d{2})(?P<tail>(?:_\d{14})?(?:_\d+)?)\.png$")
+_PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"  # the IEND chunk, the last bytes of every PNG
+
+
+@dataclass(frozen=True)
+class SampleName:
+    """A sample file's name, read: step or epoch, number, prompt index, and what follows them."""
+
+    epoch: bool
+    number: int
+    index: int
+    tail: str  # ``_TIMESTAMP[_SEED]``
+
+    def key(self) -> tuple[bool, int, int]:
+        return self.epoch, self.number, self.index
+
+    def named(self, output_name: str | None, number: int) -> str:
+        prefix = f"{output_name}_" if output_name else ""
+        return f"{prefix}{'e' if self.epoch else ''}{number:06d}_{self.index:02d}{self.tail}.png"
+
+
+def parse(name: str, output_name: str | None) -> SampleName | None:
+    """The sample name of a file that ``output_name`` wrote; None for any other file."""
+    prefix = f"{output_name}_" if output_name else ""
+    m = _NAME.match(name[len(prefix):]) if name.startswith(prefix) else None
+    if m is None:
+        return None
+    return SampleName(m.group("epoch") == "e", int(m.group("number")), int(m.group("index")), m.group("tail"))
+
+
+def complete_png(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            f.seek(-len(_PNG_END), os.SEEK_END)
+            return f.read() == _PNG_END
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class SampleCadence:
+    """When the user's command samples: what an uninterrupted run shows."""
+
+    every_steps: int | None
+    every_epochs: int | None  # sd-scripts then ignores --sample_every_n_steps
+    at_first: bool  # --sample_at_first: ``e000000`` before training
+    max_steps: int
+
+    def wants(self, sample: SampleName, number: int) -> bool:
+        if sample.epoch:
+            return self.at_first if number == 0 else self.wants_epoch(number)
+        every = None if self.every_epochs else self.every_steps
+        return every is not None and 0 < number <= self.max_steps and number % every == 0
+
+    def wants_epoch(self, epoch: int) -> bool:
+        every = self.every_epochs
+        return every is not None and epoch > 0 and epoch % every == 0
+
+
+class SampleShelf:
+    """Publishes and hides one run's sample images (one per run)."""
+
+    def __init__(self, folder: Path, run_dir: Path, user_name: str | None, cadence: SampleCadence,
+                 run_started: float, event: Callable[..., object]) -> None:
+        self.folder, self.hidden = folder, run_dir / "saves" / "samples"
+        self.user_name, self.cadence = user_name, cadence
+        self.run_started = run_started  # files older than the run are another run's
+        self.event = event  # the journal's
+
+    def _ours(self, path: Path) -> bool:
+        try:
+            return path.stat().st_mtime >= int(self.run_started)
+        except OSError:
+            return False
+
+    def shown(self) -> set[tuple[bool, int, int]]:
+        """(epoch?, true number, prompt index) of every sample this run shows under the user's name."""
+        found = set()
+        for path in self.folder.glob("*.png"):
+            name = parse(path.name, self.user_name)
+            if name is not None and self._ours(path):
+                found.add(name.key())
+        return found
+
+    def steps_shown(self) -> frozenset[int]:
+        return frozenset(number for epoch, number, _ in self.shown() if not epoch)
+
+    def settle(self, output_name: str | None, offset: int | None, ended: bool) -> None:
+        """Publish or hide what an attempt wrote under ``output_name`` (its labels run ``offset``
+        behind; None: not known yet); ``ended``: its trainer is gone, a cut file is final."""
+        if output_name == self.user_name:
+            return  # its names are true already
+        shown: set[tuple[bool, int, int]] | None = None
+        for path in sorted(self.folder.glob(f"{glob.escape(output_name or '')}_*.png")):
+            sample = parse(path.name, output_name)
+            if sample is None:
+                continue
+            complete = complete_png(path)
+            if not ended and (not complete or (offset is None and not sample.epoch)):
+                continue  # still being written, or its true step is not known yet: look again later
+            number = sample.number if sample.epoch else sample.number + (offset or 0)
+            if complete and (sample.epoch or offset is not None) and self.cadence.wants(sample, number):
+                shown = self.shown() if shown is None else shown
+                if (sample.epoch, number, sample.index) not in shown and self._publish(path, sample, number):
+                    shown.add((sample.epoch, number, sample.index))
+            self._hide(path, "a sample under an attempt's own name" if complete else "cut short")
+
+    def _publish(self, path: Path, sample: SampleName, number: int) -> bool:
+        dst = self.folder / sample.named(self.user_name, number)
+        try:
+            os.link(path, dst)  # never over a file: a link fails where the name is taken
+        except FileExistsError:
+            return False
+        except OSError:
+            if dst.exists():
+                return False
+            shutil.copy2(path, dst)
+        self.event("sample_published", src=str(path), dst=str(dst),
+                   **({"epoch": number} if sample.epoch else {"step": number}))
+        return True
+
+    def _hide(self, path: Path, why: str) -> None:
+        try:
+            target = move_into(path, self.hidden)
+        except OSError:
+            return  # gone meanwhile (the user's own tidying): nothing to hide
+        self.event("sample_hidden", file=str(path), to=str(target), why=why)

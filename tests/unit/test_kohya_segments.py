@@ -1,0 +1,148 @@
+"""A resumed sd-scripts attempt, on disk: it covers a segment up to an epoch's end when one cadence for
+the rest of the run would save too often, asks to be relaunched once that epoch's state is complete,
+and its samples are published under the user's name and their true steps."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from trainsup.record.journal import Journal, read_events
+from trainsup.record.ledger import AttemptRecord, Ledger
+from trainsup.trainers.kohya.points import Cadence, ResumePoints
+from trainsup.trainers.kohya.samples import SampleCadence, SampleShelf, complete_png, parse
+
+PNG = bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+                    "1f15c4890000000d49444154789c6360000002000154a24f5d0000000049454e44ae426082")
+STAMP = "_20261126120000"
+
+
+def save(out: Path, name: str, label: int) -> None:
+    """A complete kohya save: the weights file and the state dir (its last file written last)."""
+    save_file({"lora.down": np.full((2, 2), label, np.float32)}, str(out / f"{name}.safetensors"))
+    state = out / f"{name}-state"
+    state.mkdir()
+    (state / "train_state.json").write_text(json.dumps({"current_epoch": 1, "current_step": label}))
+    save_file({"lora.down": np.full((2, 2), label, np.float32)}, str(state / "model.safetensors"))
+    for part in ("optimizer.bin", "scheduler.bin", "random_states_0.pkl"):
+        (state / part).write_bytes(b"x")
+
+
+def sample(out: Path, name: str) -> Path:
+    path = out / "sample" / f"{name}{STAMP}.png"
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(PNG)
+    return path
+
+
+def points_after_a_kill_at_state_10(tmp_path: Path) -> tuple[ResumePoints, Path, Path, Journal]:
+    """The bed's run (8 steps an epoch, a save every 5, 20 steps, a sample every 10), its trainer
+    killed after the state of step 10: the steps 5 and 10 and the sample of 10 under their names."""
+    out, run_dir = tmp_path / "out", tmp_path / "out" / ".trainsup"
+    run_dir.mkdir(parents=True)
+    ledger = Ledger.load(run_dir / "ledger.json")
+    journal = Journal(run_dir)
+    points = ResumePoints(ledger, out, False, journal, lambda _m: None, "tiny", Cadence(20, 5, None), run_dir,
+                          SampleCadence(10, None, True, 20))
+    points.run_started = points.publisher.run_started = time.time() - 60
+    assert points.samples is not None
+    points.samples.run_started = points.run_started
+    ledger.attempts.append(AttemptRecord(1, "tiny", 0, 0, points.run_started, True, 8, 1))
+    points.attempt = 1
+    for step in (5, 10):
+        save(out, f"tiny-step{step:08d}", step)
+        ledger.record_state(out / f"tiny-step{step:08d}-state", 1, step)
+    sample(out, "tiny_e000000_00")
+    sample(out, "tiny_000010_00")
+    return points, out, run_dir, journal
+
+
+def test_the_bed_kill_relaunches_at_16_and_publishes_true_names(tmp_path: Path) -> None:
+    points, out, run_dir, journal = points_after_a_kill_at_state_10(tmp_path)
+    plan = points.begin(2, 8, "tiny-trainsup2", skips=False)
+    # Step 10 is shown already; one cadence for 15 and 20 would be 1: a segment to the end of epoch 2.
+    assert (plan.every, plan.wanted, plan.relaunch_at, plan.sample_every) == (7, frozenset({15, 20}), 16, 0)
+    save(out, "tiny-trainsup2-step00000007", 7)  # step 15
+    sample(out, "tiny-trainsup2_000002_00")  # a stray one (step 10, shown already): hidden, never published
+    points.collect()
+    assert (out / "tiny-step00000015.safetensors").is_file() and not points.relaunch_at_state
+    assert json.loads((out / "tiny-step00000015-state" / "train_state.json").read_text())["current_step"] == 15
+    save(out, "tiny-trainsup2-000002", 8)  # the state trainsup saves at the end of epoch 2: step 16
+    points.collect()
+    assert points.relaunch_at_state and not points.run_complete
+    plan = points.begin(3, 16, "tiny-trainsup3", skips=False)
+    assert (plan.every, plan.wanted, plan.stop_at, plan.relaunch_at, plan.sample_every) == (4, frozenset({20}), 20,
+                                                                                             None, 4)
+    assert not points.relaunch_at_state
+    save(out, "tiny-trainsup3-step00000004", 4)  # step 20: the run is complete
+    sample(out, "tiny-trainsup3_000004_00")
+    points.collect()
+    assert points.run_complete
+    assert points.publish_final() == str(out / "tiny.safetensors")
+    journal.close()
+    shown = sorted(p.name for p in (out / "sample").iterdir())
+    assert shown == sorted([f"tiny_e000000_00{STAMP}.png", f"tiny_000010_00{STAMP}.png", f"tiny_000020_00{STAMP}.png"])
+    assert sorted(p.name for p in out.glob("tiny-step*")) == sorted(
+        f"tiny-step{s:08d}{end}" for s in (5, 10, 15, 20) for end in (".safetensors", "-state"))
+    events = read_events(run_dir)
+    relaunch = [e for e in events if e["event"] == "segment_relaunch"]
+    assert len(relaunch) == 1 and relaunch[0]["step"] == 16 and "12 step saves for 2" in relaunch[0]["why"]
+    assert [e["step"] for e in events if e["event"] == "sample_published"] == [20]
+    assert {Path(e["file"]).name for e in events if e["event"] == "sample_hidden"} == {
+        f"tiny-trainsup2_000002_00{STAMP}.png", f"tiny-trainsup3_000004_00{STAMP}.png"}
+    assert sorted(p.name for p in (run_dir / "saves" / "samples").iterdir()) == [
+        f"tiny-trainsup2_000002_00{STAMP}.png", f"tiny-trainsup3_000004_00{STAMP}.png"]
+
+
+def test_a_user_epoch_save_at_the_segment_end_waits_for_the_epoch_state(tmp_path: Path) -> None:
+    points, out, _run_dir, journal = points_after_a_kill_at_state_10(tmp_path)
+    points.cadence = Cadence(20, 5, 1)  # the user saves every epoch too: that save must be its own
+    points.begin(2, 8, "tiny-trainsup2", skips=False)
+    points.saves = points.saves.__class__(8, 8, frozenset({15, 20}), None, 0, 16, "why")  # labels 8: step 16
+    save(out, "tiny-trainsup2-step00000008", 8)
+    points.collect()
+    assert not points.relaunch_at_state  # a step state at 16, but the user shows epoch 2's own save
+    save(out, "tiny-trainsup2-000002", 8)
+    points.collect()
+    journal.close()
+    assert points.relaunch_at_state and (out / "tiny-000002.safetensors").is_file()
+
+
+def test_epoch_samples_at_the_segment_end_come_before_the_relaunch(tmp_path: Path) -> None:
+    points, out, _run_dir, journal = points_after_a_kill_at_state_10(tmp_path)
+    assert points.samples is not None
+    points.samples.cadence = SampleCadence(None, 1, False, 20)
+    seen = [0]
+    points.epoch_seen = lambda: seen[0]
+    points.begin(2, 8, "tiny-trainsup2", skips=False)
+    save(out, "tiny-trainsup2-step00000007", 7)
+    save(out, "tiny-trainsup2-000002", 8)
+    points.collect()
+    assert not points.relaunch_at_state  # sd-scripts samples epoch 2 after its state
+    sample(out, "tiny-trainsup2_e000002_00")
+    seen[0] = 3  # `epoch 3/3`: epoch 2's end is behind it
+    points.collect()
+    journal.close()
+    assert points.relaunch_at_state
+    assert (out / "sample" / f"tiny_e000002_00{STAMP}.png").is_file()  # epoch numbers are true: renamed only
+
+
+def test_a_sample_shelf_leaves_a_sample_being_written_and_hides_it_once_its_attempt_ended(tmp_path: Path) -> None:
+    events: list[tuple[str, dict[str, object]]] = []
+    shelf = SampleShelf(tmp_path / "sample", tmp_path / "run", "lora", SampleCadence(10, None, False, 40), 0.0,
+                        lambda kind, **fields: events.append((kind, fields)))
+    cut = sample(tmp_path, "lora-trainsup2_000012_01")
+    cut.write_bytes(PNG[:-4])
+    done = sample(tmp_path, "lora-trainsup2_000012_00")
+    shelf.settle("lora-trainsup2", 8, ended=False)
+    assert cut.exists() and not done.exists() and not complete_png(cut)
+    assert (tmp_path / "sample" / f"lora_000020_00{STAMP}.png").read_bytes() == PNG
+    shelf.settle("lora-trainsup2", 8, ended=True)
+    assert not cut.exists() and [e[1]["why"] for e in events if e[0] == "sample_hidden"][-1] == "cut short"
+    assert parse(f"lora_e000002_03{STAMP}_42.png", "lora") is not None
+    assert parse(f"lora-trainsup2_000002_00{STAMP}.png", "lora") is None
+    assert parse("000002_00.png", None) is not None and parse("prompts_used.jsonl", None) is None
