@@ -106,7 +106,9 @@ class PastRun:
     def same_run(self, identity: Identity, argv: tuple[str, ...]) -> bool:
         if self.identity is not None:
             return self.identity.digest() == identity.digest()
-        return self.argv == argv
+        # Written before identities: the command of its first start decides; a journal that never
+        # recorded one (cut, or hand-made) cannot tell, and is taken as this run's, as it always was.
+        return self.argv is None or self.argv == argv
 
 
 def has_records(run_dir: Path) -> bool:
