@@ -106,6 +106,13 @@ class Bed(ABC):
     # Folders of the trainer's own logs: each launch starts a log of its own there (LitGPT's CSV
     # logger a new version_N), which trainsup leaves as the trainer writes them.
     log_dirs: tuple[str, ...] = ()
+    # How many states more the attempts after a kill may write than the uninterrupted run writes
+    # after the resume step (0: a resumed trainer saves where it would have).
+    resumed_extra_states = 0
+
+    def comparable(self, rel: str) -> str:
+        """A file's path in the output dir as two runs are compared (what differs by design left out)."""
+        return rel
 
     @abstractmethod
     def weights_files(self, out: Path) -> list[Path]:
@@ -168,7 +175,10 @@ class KohyaBed(Bed):
 
     def launch(self, case: Case, out: Path, tmp: Path) -> Launch:
         if case != "remedy":
-            return Launch(self.tree.command(out), self.tree.sd_scripts, self.env(), resumes=True)
+            # A sample every 10 steps (the bed's one prompt: 2 euler steps, about 3 s on the CPU).
+            argv = self.tree.command(out, "--sample_prompts", str(self.tree.root / "data" / "prompts.txt"),
+                                     "--sample_every_n_steps", "10", "--sample_sampler", "euler")
+            return Launch(argv, self.tree.sd_scripts, self.env(), resumes=True)
         # cache_latents in a --config_file and random_crop in the --dataset_config: real sd-scripts
         # refuses the pair ("when caching latents, either color_aug or random_crop cannot be used").
         config, dataset = self._remedy_files(tmp)
@@ -205,6 +215,13 @@ class KohyaBed(Bed):
     # The bed's command has no data-loader workers: sd-scripts fetches the resumed epoch's first batch
     # before it sets the epoch (README: Resume; measured on this bed).
     resume_tolerance = 1e-3
+    # Resumed at the end of epoch 1 (step 8), its labels run 8 behind: trainsup's cadences and a
+    # relaunch at the end of epoch 2 (README: Resume) may cost a state or two.
+    resumed_extra_states = 2
+
+    def comparable(self, rel: str) -> str:
+        # sample/NAME_STEP6_II_TIMESTAMP[_SEED].png: each run samples at its own time of day
+        return re.sub(r"_\d{14}(?=(?:_\d+)?\.png$)", "", rel)
 
     def weights_files(self, out: Path) -> list[Path]:
         return sorted([*out.glob("*.safetensors"), *out.glob("*-state/model.safetensors")])
@@ -249,28 +266,39 @@ class KohyaBed(Bed):
         out = run.out
         assert "tiny-step00000010-state/random_states_0.pkl" in run.marks["digest"]
         assert run.of("attempt_end")[0]["child_signal"] == 9  # accelerate: `died with <Signals.SIGKILL: 9>`
-        argv = run.starts()[-1]["argv"]
+        argv = run.starts()[1]["argv"]
         assert argv[argv.index("--resume") + 1] == str(run.run_dir / "saves" / "tiny-000001-state")
         assert argv[argv.index("--initial_step") + 1] == "8" and "--skip_until_initial_step" not in argv
         # Resumed at the end of epoch 1, sd-scripts labels its saves from 0: label L is step L + 8,
-        # and it would train on to step 24 (the end of epoch 3). trainsup gave it a step cadence whose
-        # saves land on steps 10, 15 and 20, published those under their true names, and stopped it
-        # once step 20 was saved; its own saves are kept in the run dir.
+        # and it would train on to step 24 (the end of epoch 3). Step 10 is saved already; one cadence
+        # for 15 and 20 (labels 7, 12) would save at every step, so trainsup gave it 7 (step 15), and
+        # relaunched it from its state at the end of epoch 2 (step 16) with 4 (step 20), where it
+        # stopped it. Each save is published under its true name; its own are kept in the run dir.
+        assert argv[argv.index("--save_every_n_steps") + 1] == "7" and "--sample_at_first" not in argv
+        assert [e["step"] for e in run.of("segment_relaunch")] == [16]
+        third = run.starts()[2]
+        assert (third["resume_step"], third["resume_from"]) == (16, str(run.run_dir / "saves" / "tiny-trainsup2-000002-state"))
+        assert third["argv"][third["argv"].index("--save_every_n_steps") + 1] == "4" and len(run.starts()) == 3
         ledger = json.loads((run.run_dir / "ledger.json").read_text())
-        resumed = {s["label"]: s["step"] for s in ledger["states"] if s["attempt"] == 2 and "-step" in s["dir"]}
-        assert all(step == label + 8 for label, step in resumed.items()) and max(resumed.values()) == 20
-        assert run.of("attempt_end")[-1]["steps_trained"] == 12 and not run.of("warning")
+        offsets = {s["attempt"]: s["resume_step"] for s in run.starts()}
+        resumed = [(s["label"], s["step"], s["attempt"]) for s in ledger["states"] if s["attempt"] >= 2]
+        assert all(step == label + offsets[attempt] for label, step, attempt in resumed)
+        assert max(step for _, step, _ in resumed) == 20 and not run.of("warning")
+        assert sum(e["steps_trained"] for e in run.of("attempt_end")[1:]) == 12
+        assert [e["step"] for e in run.of("sample_published")] == [20]  # attempt 3's label 4
         self.check_output_dir(run)
         assert self.lora_keys(out / "tiny.safetensors") == self.lora_keys(out / "tiny-step00000010.safetensors")
         killed = diagnose(run.log(1))
         assert "SIGKILL" in killed["evidence"], killed
 
     def check_output_dir(self, run: Run) -> None:
-        """The names an uninterrupted run writes, each state with its true step."""
+        """The names an uninterrupted run writes, each state with its true step, and its samples."""
         out = run.out
         want = sorted([f"tiny-step{s:08d}{end}" for s in (5, 10, 15, 20) for end in (".safetensors", "-state")]
-                      + ["tiny.safetensors", "tiny-state"])
+                      + ["tiny.safetensors", "tiny-state", "sample"])
         assert sorted(p.name for p in out.iterdir() if p.name != ".trainsup") == want
+        samples = sorted(self.comparable(p.name) for p in (out / "sample").iterdir())
+        assert samples == ["tiny_000010_00_1.png", "tiny_000020_00_1.png"], samples  # prompt 0, --d 1
         for name, step in (("tiny-step00000015-state", 15), ("tiny-step00000020-state", 20), ("tiny-state", 20)):
             assert json.loads((out / name / "train_state.json").read_text())["current_step"] == step, name
         assert run.of("finished")[0]["final_weights"] == str(out / "tiny.safetensors")

@@ -2,8 +2,9 @@
 
 Written once, parametrized over the beds (``beds.BEDS``): a clean run finishes clean; a trainer
 killed -9 after its state of step 10 resumes from the newest state its adapter can resume exactly
-from (``Bed.resume_point``; or, where it cannot resume, restarts as its adapter says) and nothing it
-had written changes; a state cut mid-save is never resumed from; a
+from (``Bed.resume_point``; or, where it cannot resume, restarts as its adapter says), nothing it
+had written changes, and the attempts after it write at most ``Bed.resumed_extra_states`` states more
+than an uninterrupted run does after that point; a state cut mid-save is never resumed from; a
 fault trainsup can fix is fixed through the next launch; ``diagnose`` agrees with the journal; and a
 SIGTERM to trainsup ends it with 143 and leaves none of the trainer's processes behind.
 """
@@ -45,7 +46,7 @@ def test_a_killed_trainer_resumes_from_its_newest_complete_state_and_nothing_it_
     assert "killed" in run.marks, "the trainer was never killed: no state_saved of step 10 in attempt 1"
     assert_finished(run)
     assert run.faults() == ["host_oom_killed"]  # a kill -9 reads as the kernel's OOM killer's
-    start = run.starts()[-1]
+    start = run.starts()[1]  # the attempt after the kill (sd-scripts: relaunched at an epoch's end later)
     if run.launch.resumes:
         assert (start["resume_from"], start["resume_step"]) == bed.resume_point(run, 10)
     else:
@@ -61,7 +62,7 @@ def test_a_state_cut_mid_save_is_never_resumed_from(bed: Bed, cut_run: Run) -> N
     assert_finished(run)
     cut = str(bed.state_dir(run.out, 10))
     assert cut not in [s["resume_from"] for s in run.starts()]
-    start = run.starts()[-1]
+    start = run.starts()[1]
     if run.launch.resumes:
         assert (start["resume_from"], start["resume_step"]) == bed.resume_point(run, 5)
     else:
@@ -69,12 +70,12 @@ def test_a_state_cut_mid_save_is_never_resumed_from(bed: Bed, cut_run: Run) -> N
     bed.check_cut(run)
 
 
-def visible_files(out: Path, logs: tuple[str, ...] = ()) -> list[str]:
+def visible_files(out: Path, bed: Bed) -> list[str]:
     """What the user sees in the output dir: every file's path in it, trainsup's run dir and the
-    trainer's log folders left out."""
-    return sorted(str(p.relative_to(out)) for p in out.rglob("*")
+    trainer's log folders left out, each as the bed compares names (a sample's time of day left out)."""
+    return sorted(bed.comparable(str(p.relative_to(out))) for p in out.rglob("*")
                   if p.is_file() and not p.relative_to(out).parts[0].startswith(".trainsup")
-                  and p.relative_to(out).parts[0] not in logs)
+                  and p.relative_to(out).parts[0] not in bed.log_dirs)
 
 
 @pytest.mark.parametrize("which", ["killed_run", "cut_run", "seeded_between_saves_run", "seeded_inside_a_save_run"])
@@ -89,10 +90,10 @@ def test_an_interrupted_run_ends_as_if_it_had_never_been_interrupted(
     assert_finished(run)
     if "status_steps" in run.marks:
         resumed = [step for attempt, step in run.marks["status_steps"] if attempt >= 2]
-        resume_step = run.starts()[-1]["resume_step"]
+        resume_step = run.starts()[1]["resume_step"]
         assert resumed and resume_step <= min(resumed) and max(resumed) <= 20, (resume_step, resumed)
         print(f"{bed.name}: killed {run.marks['kill']}: resumed at {resume_step}")
-    assert visible_files(run.out, bed.log_dirs) == visible_files(clean_run.out, bed.log_dirs)
+    assert visible_files(run.out, bed) == visible_files(clean_run.out, bed)
     start, end = run.starts()[-1], run.of("attempt_end")[-1]
     assert start["resume_step"] + end["steps_trained"] == 20 and max(e["step"] for e in run.of("attempt_end")) == 20
     worst = 0.0
@@ -103,6 +104,21 @@ def test_an_interrupted_run_ends_as_if_it_had_never_been_interrupted(
         worst = max([worst, *(float(np.max(np.abs(a[k].astype(np.float64) - b[k]))) for k in a)])
     assert worst <= bed.resume_tolerance, f"max |dw| {worst:.3g} over {bed.resume_tolerance:.3g}"
     print(f"{bed.name} {which}: max |dw| {worst:.3g} against the uninterrupted run")
+
+
+def test_the_resumed_attempts_write_few_states_more_than_the_uninterrupted_run(
+        bed: Bed, clean_run: Run, killed_run: Run) -> None:
+    """Killed after the state of step 10: the states the attempts after the kill write (``state_saved``
+    of attempts 2, 3, ...) against the uninterrupted run's after the resume step: at most the bed's
+    ``resumed_extra_states`` more (sd-scripts: its resumed labels need a cadence of their own)."""
+    run = killed_run
+    assert "killed" in run.marks, "the trainer was never killed: no state_saved of step 10 in attempt 1"
+    resume_step = run.starts()[1]["resume_step"]
+    resumed = [e["step"] for e in run.of("state_saved") if e["attempt"] > 1]
+    clean = [e["step"] for e in clean_run.of("state_saved") if e["step"] > resume_step]
+    print(f"{bed.name}: resumed at {resume_step}, the attempts after the kill wrote {len(resumed)} states "
+          f"{resumed}, the uninterrupted run {len(clean)} after that step {clean}")
+    assert len(resumed) <= len(clean) + bed.resumed_extra_states, (resumed, clean)
 
 
 def test_a_fault_trainsup_can_fix_is_fixed_in_the_next_launch(bed: Bed, remedy_run: Run) -> None:
