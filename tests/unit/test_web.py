@@ -323,3 +323,24 @@ def test_queue_edits_from_the_page_are_the_queue_commands(site: dict[str, Any]) 
     assert client.post("/queue/remove", data={"csrf": csrf}, headers=HOST).status_code == 404  # names no entry
     page = client.get("/queue", headers=HOST).get_data(as_text=True)
     assert 'data-entry="q2"' in page and 'data-entry="q1"' not in page
+
+
+def test_true_named_samples_show_at_their_step_and_a_relaunch_on_the_timeline(site: dict[str, Any]) -> None:
+    """sd-scripts runs since issue 29: the samples record says the names are true steps (an attempt's
+    own names, before trainsup publishes them, do not match and are placed by time), and a planned
+    relaunch at an epoch's end is on the timeline with its reason."""
+    run_dir, out, t0 = site["run_dir"], site["out"], 1_790_000_000.0
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    events[0]["samples"] = {"dirs": [str(out / "sample")], "absolute_steps": True,
+                            "step_pattern": r"^lora_(\d{6})_\d{2}(?:_\d{14})?(?:_\d+)?\.png$"}
+    events.append({"ts": t0 + 36, "event": "segment_relaunch", "step": 8, "attempt": 2,
+                   "why": "one cadence from step 4 to 12 would write 8 step saves for 2"})
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    (out / "sample" / "lora_000003_00.png").unlink()
+    for name, when in (("lora_000008_00_20261126120000_1.png", t0 + 35), ("lora-trainsup2_000001_00.png", t0 + 39)):
+        (out / "sample" / name).write_bytes(PNG)
+        os.utime(out / "sample" / name, (when, when))
+    text = site["client"].get(f"/run/{site['rid']}", headers=HOST).get_data(as_text=True)
+    assert 'data-step="8"' in text  # its name's step, nothing added
+    assert 'data-step="9"' in text  # an attempt's own name: the step the run had reached at its time
+    assert re.search(r'data-event="segment_relaunch".*?step 8.*?8 step saves for 2', text, re.DOTALL)

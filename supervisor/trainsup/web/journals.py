@@ -26,7 +26,8 @@ MAX_POINTS = 400_000
 MAX_EVENTS = 20_000  # decisions kept for the timeline (a run with more shows the newest)
 CHUNK = 4 * 1024 * 1024
 # Journal records the page does not show: they would drown the timeline (one per save, per edit).
-QUIET = frozenset({"save_hidden", "save_pruned", "state_saved", "file_changed"})
+QUIET = frozenset({"save_hidden", "save_pruned", "state_saved", "file_changed", "sample_published",
+                   "sample_hidden"})
 
 
 @dataclass

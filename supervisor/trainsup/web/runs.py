@@ -407,6 +407,7 @@ SHOWN = {
     "change_scheduled": "edit scheduled",
     "cache_invalidated": "cache invalidated",
     "final_published": "final weights published",
+    "segment_relaunch": "relaunched at an epoch's end",
     "plan_adjusted": "plan adjusted",
 }
 
@@ -444,5 +445,7 @@ def _words(kind: str, d: dict[str, Any]) -> tuple[str, str | None]:
         return f"{label}: {d.get('spec')} (exit {d.get('exit_code')})", d.get("python")
     if kind in ("finished", "gave_up"):
         return f"{label}: {d.get('reason')}", d.get("final_weights")
+    if kind == "segment_relaunch":  # sd-scripts: a planned stop, so that its saves need no every-step cadence
+        return f"{label} (step {d.get('step')})", d.get("why")
     message = d.get("message") or d.get("note") or d.get("reason") or d.get("path")
     return label, str(message) if message else None
