@@ -44,9 +44,7 @@ def test_every_fixture_in_text_form() -> None:
         want = expected(path)
         if want is None:
             assert head.startswith(f"{name}: no fault: "), head
-        elif want == "unknown":
-            assert head == f"{name}: unknown (no evidence line)"
-        else:
+        else:  # an unknown failure too is shown by its line
             assert head.startswith(f"{name}: {want} at line "), head
     assert result.stdout.count("  trainsup run would: ") == sum(expected(p) is not None for p in FIXTURES)
 
@@ -58,10 +56,11 @@ def test_every_fixture_in_json_form_with_its_evidence_line() -> None:
     assert [o["file"] for o in objects] == list(map(str, FIXTURES))
     for path, obj in zip(FIXTURES, objects, strict=True):
         assert obj["fault"] == expected(path), path.name
-        if obj["fault"] in (None, "unknown"):
-            assert obj["evidence"] is None and obj["line"] is None
-            assert obj["remedy"] == ([] if obj["fault"] is None else ["restart from the last safe state"])
+        if obj["fault"] is None:
+            assert obj["evidence"] is None and obj["line"] is None and obj["remedy"] == []
             continue
+        if obj["fault"] == "unknown":  # never without its line
+            assert obj["remedy"] == ["restart from the last safe state"]
         assert isinstance(obj["line"], int) and isinstance(obj["evidence"], str) and obj["remedy"]
         assert isinstance(obj["explanation"], str) and obj["explanation"].endswith(".")
         editor_line = path.read_bytes().split(b"\n")[obj["line"] - 1].decode("utf-8", "replace")

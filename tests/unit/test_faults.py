@@ -39,8 +39,9 @@ def _read(path: Path) -> str:
 
 
 def _expected(path: Path) -> str | None:
+    """The verdict's fault: an ``unknown`` failure is evidence too (its exception line), a clean log has none."""
     prefix = path.name.split("__", 1)[0]
-    return None if prefix in ("clean", "unknown") else prefix
+    return None if prefix == "clean" else prefix
 
 
 def _scan(lines: list[str], rules: tuple[FaultRule, ...] = BUILTIN_RULES) -> tuple[FaultScanner, list[Evidence]]:
@@ -235,10 +236,16 @@ def test_interleaved_ranks_keep_their_own_traceback_frames() -> None:
         ([], "te_cache_none"),
         ([("flux_train_network.py", "sample_images"), ("flux_train_utils.py", "sample_image_inference")],
          "te_cache_none"),
-        ([("train_network.py", "train"), ("train_util.py", "__getitem__")], None),
-        ([("train_network.py", "train"), ("flux_utils.py", "load_clip_l")], None),
-        ([("train_network.py", "train"), ("strategy_flux.py", "encode_tokens")], None),
-        ([("sample_util.py", "sample_images"), ("dataset.py", "prepare")], None),
+        # Not a sample prompt's cache miss: the run still failed, with that line (unknown).
+        ([("train_network.py", "train"), ("train_util.py", "__getitem__")], "unknown"),
+        ([("train_network.py", "train"), ("flux_utils.py", "load_clip_l")], "unknown"),
+        ([("train_network.py", "train"), ("strategy_flux.py", "encode_tokens")], "unknown"),
+        ([("sample_util.py", "sample_images"), ("dataset.py", "prepare")], "unknown"),
+        # Text embeddings pre-computed for the captions (a caption is None): never te_cache_none.
+        ([("train.py", "main"), ("text_embed_cache.py", "compute_embeddings_for_prompts"),
+          ("text_embed_cache.py", "encode_prompt")], "unknown"),
+        ([("train_network.py", "train"), ("train_util.py", "cache_text_encoder_outputs"),
+          ("strategy_sdxl.py", "get_hidden_states_sdxl")], "unknown"),
     ],
 )
 def test_te_cache_none_is_judged_by_the_failing_tracebacks_frames(frames: list[tuple[str, str]],
@@ -255,7 +262,8 @@ def test_windows_dataloader_spawn_failure_is_not_a_corrupt_checkpoint() -> None:
     spawn = ["Traceback (most recent call last):", '  File "<string>", line 1, in <module>',
              '  File "C:\\Python310\\lib\\multiprocessing\\spawn.py", line 126, in _main',
              "    self = reduction.pickle.load(from_parent)", "EOFError: Ran out of input"]
-    assert classify_text(spawn) is None
+    verdict = classify_text(spawn)
+    assert verdict is not None and verdict.fault == "unknown" and verdict.line == "EOFError: Ran out of input"
     state = ["Traceback (most recent call last):", '  File "/venv/accelerate/checkpointing.py", line 260, in load',
              "    states = pickle.load(f)", "EOFError: Ran out of input"]
     verdict = classify_text(state)
@@ -263,8 +271,11 @@ def test_windows_dataloader_spawn_failure_is_not_a_corrupt_checkpoint() -> None:
 
 
 def test_nonetype_wording_other_than_to_or_ndim_is_not_te_cache_none() -> None:
-    assert classify_text(["AttributeError: 'NoneType' object has no attribute 'shape'"]) is None
-    assert classify_text(["AttributeError: 'NoneType' object has no attribute 'to' (dataset image 3)"]) is None
+    for line in ("AttributeError: 'NoneType' object has no attribute 'shape'",
+                 "AttributeError: 'NoneType' object has no attribute 'to' (dataset image 3)",
+                 "AttributeError: 'NoneType' object has no attribute 'to' (caption of img_0007.png)"):
+        verdict = classify_text([line])
+        assert verdict is not None and (verdict.fault, verdict.line) == ("unknown", line)
 
 
 def test_code_lines_under_frames_are_not_taken_as_evidence_lines() -> None:

@@ -65,8 +65,8 @@ def test_every_fixture_gets_the_live_scanners_verdict_with_its_editor_line(path:
     expected = path.name.split("__", 1)[0]
     if expected == "clean":
         assert scan.success and not scan.failed
-    if expected == "unknown":
-        assert scan.failed and scan.verdict is None
+    if expected == "unknown":  # the run failed, and its exception line says how
+        assert scan.failed and scan.verdict is not None and scan.verdict.fault == "unknown"
     if scan.verdict is not None:
         editor_lines = raw.decode("utf-8", "replace").split("\n")
         first_row = strip_ansi(scan.verdict.line.split("\n")[0])

@@ -141,7 +141,9 @@ def test_the_launchers_report_quotes_the_childs_argv_which_is_no_evidence() -> N
                   ("D:\\k\\venv\\lib\\site-packages\\accelerate\\commands\\launch.py", "simple_launcher"))
     argv = "['python.exe', 'train_network.py', '--output_dir', 'D:/No such file or directory']"
     ended = f"subprocess.CalledProcessError: Command '{argv}' returned non-zero exit status 1."
-    assert fault([*trainer, *launcher, ended]) is None
+    # no rule names the trainer's exception: unknown, shown by the trainer's line, not the launcher's
+    verdict = classify_text([*trainer, *launcher, ended])
+    assert verdict is not None and (verdict.fault, verdict.line) == ("unknown", trainer[-1])
     killed = f"subprocess.CalledProcessError: Command '{argv}' died with <Signals.SIGKILL: 9>."
     assert fault([*trainer, *launcher, killed]) == "host_oom_killed"  # weak: the child's fate
 
@@ -171,7 +173,7 @@ SAMPLING = (("/sd/flux_train_network.py", "sample_images"), ("/sd/library/flux_t
     (["AttributeError: 'FluxNetworkTrainer' object has no attribute 'sample_prompts_te_outputs'"], "te_cache_none"),
     # a None in a dataset is another bug; sampling frames without any None in sight say nothing
     ([*tb(("/sd/train_network.py", "train"), ("/sd/library/train_util.py", "__getitem__")),
-      "TypeError: 'NoneType' object is not subscriptable"], None),
+      "TypeError: 'NoneType' object is not subscriptable"], "unknown"),
     (tb(*SAMPLING), None),
     # a save traceback with float8 in sight, cut; and one whose exception line is a full disk
     (["INFO saving dtype torch.float8_e4m3fn", *tb(("/sd/train_network.py", "train"),
@@ -259,9 +261,11 @@ DIAGNOSE_RULES = family_rules() + DUMP_RULES + BUILTIN_RULES
     (["Timeout (0:20:00)!", "Thread 0x00007f00 (most recent call first):"], "hang"),
     (["(gdb) py-bt", "Traceback (most recent call first):"], "hang"),
     ([*tb(("/t/train.py", "train"), ("/usr/lib/python3.10/threading.py", "wait")), "KeyboardInterrupt"], "hang"),
-    # Ctrl-C of a healthy run (in computation) or with no frames at all is not a hang
-    ([*tb(("/t/train.py", "train"), ("/venv/torch/nn/modules/module.py", "_call_impl")), "KeyboardInterrupt"], None),
-    (["KeyboardInterrupt"], None),
+    # Ctrl-C of a healthy run (in computation) or with no frames at all is not a hang: the run was
+    # interrupted, and no rule names it
+    ([*tb(("/t/train.py", "train"), ("/venv/torch/nn/modules/module.py", "_call_impl")), "KeyboardInterrupt"],
+     "unknown"),
+    (["KeyboardInterrupt"], "unknown"),
 ])
 def test_stack_dumps_of_a_hung_process_are_a_hang(lines: list[str], expected: str | None) -> None:
     verdict = classify_text(lines, DIAGNOSE_RULES)

@@ -6,9 +6,9 @@ rule's explanation, the remedy ``trainsup run`` would apply (the first rung of
 ``remedies.ladder(fault)`` that changes this command, chosen as the engine chooses it) and, when
 the trainer's command is known (from the log, or ``--command``), the corrected command line.
 
-A clean log is a classification too: no fault.  A log that visibly failed (a launcher's failure
-report, or a traceback after the last progress) with no rule matching is ``unknown``, with no
-evidence.  Unreadable input (missing, a directory, no permission) is reported on one line naming
+A clean log is a classification too: no fault.  A log that failed with no rule matching is
+``unknown``, and says how: the exception line or signal death it ends with, else (a launcher's
+failure report, a traceback cut above its exception) its last lines.  Unreadable input (missing, a directory, no permission) is reported on one line naming
 the file; the other files are still classified.
 """
 
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TextIO
 
 from ..faults.dumps import DUMP_RULES
+from ..faults.ending import UNKNOWN_WHY
 from ..faults.linetext import strip_ansi
 from ..faults.logscan import LogScan, scan_file, scan_log
 from ..faults.remedies import NOT_RESTARTABLE, Action, Rung, required_spec, stop, upgrade_spec
@@ -42,7 +43,7 @@ __all__ = ["Diagnosis", "diagnose_path", "diagnose_scan", "plan_remedy", "run_di
 
 EXIT_OK = 0
 EXIT_UNREADABLE = 2
-_UNKNOWN_WHY = "The run failed, and no rule matched its output."
+_LAST_LINES = 3  # lines an unknown failure with no exception line of its own shows
 _TEXT_EVIDENCE = 400  # characters of the evidence line shown in text output (JSON has it all)
 
 
@@ -158,7 +159,7 @@ def _explanation(fault: str, rules: Sequence[FaultRule]) -> str:
     for rule in rules:
         if rule.id == fault:
             return rule.explanation
-    return _UNKNOWN_WHY if fault == "unknown" else ""
+    return UNKNOWN_WHY if fault == "unknown" else ""
 
 
 def journaled_ending(path: Path) -> tuple[str, str] | None:
@@ -197,6 +198,10 @@ def diagnose_scan(name: str, scan: LogScan, rules: Sequence[FaultRule] = BUILTIN
         diagnosis.fault, diagnosis.evidence = journaled
     elif scan.failed:
         diagnosis.fault = "unknown"
+        shown = scan.last_lines[-_LAST_LINES:]
+        if shown:  # no exception line of its own: what the log ends with
+            diagnosis.evidence = "\n".join(strip_ansi(line) for line, _ in shown)
+            diagnosis.line = shown[0][1]
     if diagnosis.fault is None:
         return diagnosis
     # The rule that matched explains it (several rules share a fault id: an adapter's own wording).

@@ -41,4 +41,28 @@ DUMP_RULES: tuple[FaultRule, ...] = (
         frames_needed=True,
         explanation="The run stopped making progress and was interrupted by hand where it waited.",
     ),
+    FaultRule(
+        id="hang",
+        # The terminal's ^C glued to what the interrupted processes printed next (the main process's
+        # and the workers' tracebacks, interleaved, their KeyboardInterrupt lines cut): judged by the
+        # frames, as above.
+        patterns=(),
+        cut_frames=_WAITS,
+        cut_hints=(r"^\^C(?:Traceback|Process |Error in |Exception )",),
+        explanation="The run stopped making progress and was interrupted by hand where it waited.",
+    ),
+    FaultRule(
+        id="hang",
+        # torch warns as each rank enters its first barrier; a log that ends there (other ranks'
+        # copies of the warning at most) waited at it and never came back.
+        patterns=(
+            r"to perform barrier as devices used by this process are currently unknown",
+            r"as device used by this process is currently unknown",  # torch 2.5 and later
+            r"cause a hang if this rank to GPU mapping is incorrect",  # the warning's row a terminal wrapped
+        ),
+        strength="weak",
+        tail=True,
+        explanation="The log ends with the ranks waiting at a process-group barrier: one of them never "
+        "reached it (it hung or died without a word).",
+    ),
 )

@@ -33,7 +33,8 @@ from .verdict import Evidence
 if TYPE_CHECKING:
     from .rules import FaultRule
 
-__all__ = ["LOADER_FRAMES", "SAMPLING_FRAMES", "CutRule", "FrameJudge", "cut_rules", "framed", "is_launcher", "judge"]
+__all__ = ["CAPTION_CACHE_FRAMES", "LOADER_FRAMES", "SAMPLING_FRAMES", "CutRule", "FrameJudge", "cut_rules", "framed",
+           "is_launcher", "judge"]
 
 # The trainer's sampling and text-encoding functions (sd-scripts, its Flux/SD3 strategies, fluxgym's and
 # ComfyUI's copies): a None there is a prompt without a cached text-encoder output.
@@ -42,6 +43,13 @@ SAMPLING_FRAMES: tuple[str, ...] = (
 )
 # Code that loads data or models: a None there is a missing image, caption or weight.
 LOADER_FRAMES: tuple[str, ...] = (r"__getitem__", r"(?<![a-z])load_", r"[Dd]ataset", r"[Dd]ata[Ll]oader")
+# Text embeddings computed for the dataset's captions before training (kohya's dataset caching and its
+# strategies, SimpleTuner's embed cache, any "caption" code): a None there is a caption's, however
+# prompt-like the inner frames are named.
+CAPTION_CACHE_FRAMES: tuple[str, ...] = (
+    r"[Cc]aption", r" (?:new_)?cache_text_encoder_outputs$", r" cache_batch_outputs$", r"compute_(?:text_)?embeddings",
+    r"^text_embed_cache\.py ", r"[Pp]recompute",
+)
 _LAUNCHER = re.compile(
     r"^(?:launch\.py (?:\w*_launcher|launch_command)|api\.py (?:launch_agent|_invoke_run)"
     r"|subprocess\.py (?:check_call|check_output|run)|multiprocessing\.py (?:_raise_.*|start_processes))$"
@@ -60,6 +68,7 @@ class CutRule:
         self.explanation = rule.explanation
         self.require = tuple(re.compile(p) for p in rule.cut_frames)
         self.exclude = tuple(re.compile(p) for p in rule.frames_exclude)
+        self.forbid = tuple(re.compile(p) for p in rule.frames_forbid)
         self.hint = re.compile("|".join(f"(?:{h})" for h in rule.cut_hints)) if rule.cut_hints else None
 
 
@@ -69,8 +78,11 @@ def cut_rules(rules: Sequence[FaultRule]) -> tuple[CutRule, ...]:
 
 
 def judge(frames: Sequence[str], require: Sequence[re.Pattern[str]],
-          exclude: Sequence[re.Pattern[str]] = ()) -> bool | None:
-    """Innermost frame first: False at an excluded frame, True at a required one, None for neither."""
+          exclude: Sequence[re.Pattern[str]] = (), forbid: Sequence[re.Pattern[str]] = ()) -> bool | None:
+    """Innermost frame first: False at an excluded frame, True at a required one, None for neither;
+    False whenever any frame is a forbidden one."""
+    if forbid and any(x.search(frame) for frame in frames for x in forbid):
+        return False
     for frame in reversed(frames):
         if any(x.search(frame) for x in exclude):
             return False
@@ -103,7 +115,7 @@ class FrameJudge:
             frames = frames_by_rank.get(rank, (0, []))[1]
             rule = self._rules[j]
             first = self.pending is None or self.pending[0][2] != lineno  # (the first rule of a line wins)
-            if first and frames and judge(frames, rule.require, rule.exclude):
+            if first and frames and judge(frames, rule.require, rule.exclude, rule.forbid):
                 self.pending = ((rule, raw, lineno), rank)
             return None
         self._hints.append((lineno, j, rank, raw))
@@ -112,14 +124,14 @@ class FrameJudge:
             return None
         _, (_, frames) = min(near, key=lambda rf: (rf[0] != rank, -rf[1][0]))
         rule = self._rules[j]
-        return (rule, raw, lineno) if judge(frames, rule.require, rule.exclude) else None
+        return (rule, raw, lineno) if judge(frames, rule.require, rule.exclude, rule.forbid) else None
 
     def frame(self, frames: list[str], rank: str, lineno: int, raw: str) -> Found | None:
         """A traceback grew a frame: judge it by the hints seen shortly before (its rank's first)."""
         if self.pending is not None and self.pending[1] == rank:
             self.pending = None  # the code it was seen in was an outer frame's
         for rule in self._bare:
-            if judge(frames, rule.require, rule.exclude):
+            if judge(frames, rule.require, rule.exclude, rule.forbid):
                 return rule, raw, lineno
         if not self._hints:
             return None
@@ -127,7 +139,7 @@ class FrameJudge:
             if lineno - hint_line > HINT_BEFORE + 3 * len(frames):
                 continue
             rule = self._rules[j]
-            if judge(frames, rule.require, rule.exclude):
+            if judge(frames, rule.require, rule.exclude, rule.forbid):
                 return rule, hint_raw, hint_line
         return None
 

@@ -136,6 +136,7 @@ class LogScan:
     #               or a traceback ended it
     success: bool  # kohya's "model saved." with no failure after it
     command: list[str] | None  # the trainer's command line, when the log shows it
+    last_lines: tuple[tuple[str, int], ...] = ()  # the last lines that were not bars, (line, lineno)
 
 
 def _chunks(fh: BinaryIO, chunk_size: int) -> Iterator[bytes]:
@@ -292,7 +293,8 @@ class _Verdict:
         verdict = self.scanner.verdict
         failed = (launcher_failed or signs.last_traceback > max(signs.last_progress, signs.last_success)
                   or (verdict is not None and verdict.strength == "root" and verdict.lineno > signs.last_success))
-        return LogScan(verdict, signs.lineno, failed, signs.last_success > 0 and not failed, signs.command)
+        return LogScan(verdict, signs.lineno, failed, signs.last_success > 0 and not failed, signs.command,
+                       self.scanner.last_lines)
 
 
 def scan_log(fh: BinaryIO, rules: Sequence[FaultRule] = BUILTIN_RULES,

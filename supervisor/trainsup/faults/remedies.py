@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .linetext import clean_line
+from .oom import fragmentation_ruled_out
 
 ActionKind = Literal["add_flag", "remove_flag", "set_env", "upgrade", "halve_batch",
                      "lower_workers", "wait_foreign", "restart", "stop"]
@@ -51,8 +52,20 @@ class Rung:
     when: str | None = None  # a regex the evidence must match: the rung answers that wording only
 
     def fits(self, evidence: str | None) -> bool:
-        """Whether this rung answers the evidence (a rung without ``when`` answers any)."""
+        """Whether this rung answers the evidence (a rung without ``when`` answers any, and the
+        evidence rules none of its actions out)."""
+        if self.unfit_reason(evidence) is not None:
+            return False
         return self.when is None or (evidence is not None and re.search(self.when, evidence) is not None)
+
+    def unfit_reason(self, evidence: str | None) -> str | None:
+        """Why the evidence itself rules this rung out, or None.  Every adapter's allocator rung
+        (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``) is skipped when the OOM message's
+        numbers show no fragmentation it could undo (see ``oom``)."""
+        if any(a.kind == "set_env" and a.name == "PYTORCH_CUDA_ALLOC_CONF" and "expandable_segments" in (a.value or "")
+               for a in self.actions):
+            return fragmentation_ruled_out(evidence)
+        return None
 
     def describe(self) -> str:
         return "; ".join(a.describe() for a in self.actions)

@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from .frames import LOADER_FRAMES, SAMPLING_FRAMES
+from .frames import CAPTION_CACHE_FRAMES, LOADER_FRAMES, SAMPLING_FRAMES
 
 __all__ = [
     "BUILTIN_RULES",
@@ -80,7 +80,12 @@ class FaultRule:
     sight the message alone decides, unless ``frames_needed``.  ``cut_frames`` and
     ``cut_hints`` judge a traceback without a telling exception line (see ``frames``):
     the innermost of its frames matching ``cut_frames`` or ``frames_exclude`` decides,
-    with one of the hints in sight (a rule without hints: the frames alone).
+    with one of the hints in sight (a rule without hints: the frames alone).  ``frames_forbid``
+    refutes wherever the frame sits (a None in caption caching is no sample prompt's).
+    ``lookalikes`` are excludes for output that is harmless altogether (a caught import probe): such a
+    line is not even an ``unknown`` failure, as a line another rule's ``excludes`` refute is.
+    ``first_cause``: evidence that stands over a later crash it caused (out of memory); ``tail``:
+    evidence only for a log that ends at it (see ``verdict``).
     """
 
     id: str
@@ -95,6 +100,10 @@ class FaultRule:
     frames_needed: bool = False  # without frames in sight the message alone does not decide
     cut_frames: tuple[str, ...] = ()  # a traceback cut before its exception line: see ``frames``
     cut_hints: tuple[str, ...] = ()
+    frames_forbid: tuple[str, ...] = ()  # any frame matching one refutes, wherever it sits
+    lookalikes: tuple[str, ...] = ()  # excludes that mark harmless output: no failure at all
+    first_cause: bool = False  # the crashes it leads to (other ranks, cleanup) do not outrank it
+    tail: bool = False  # evidence only while nothing follows it (a wait the log ends at)
 
     def __post_init__(self) -> None:
         # A bad table is a programming error; fail at construction, naming the rule.
@@ -102,9 +111,10 @@ class FaultRule:
             raise ValueError(f"fault rule id {self.id!r}: expected lowercase letters, digits and _")
         if self.strength not in ("root", "weak"):
             raise ValueError(f"fault rule {self.id}: strength: expected 'root' or 'weak', got {self.strength!r}")
-        if not self.patterns:
+        if not self.patterns and not self.cut_frames:
             raise ValueError(f"fault rule {self.id}: patterns: expected at least one regex")
-        for field in ("patterns", "excludes", "frames_require", "frames_exclude", "cut_frames", "cut_hints"):
+        for field in ("patterns", "excludes", "frames_require", "frames_exclude", "cut_frames", "cut_hints",
+                      "frames_forbid", "lookalikes"):
             for i, pattern in enumerate(getattr(self, field)):
                 try:
                     re.compile(pattern)
@@ -194,7 +204,13 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
             r"CUBLAS_STATUS_ALLOC_FAILED", r"CUDNN_STATUS_ALLOC_FAILED", r"cudaErrorMemoryAllocation",
             # cuBLAS cannot even create its handle when the card is full.
             r"CUBLAS_STATUS_NOT_INITIALIZED when calling `?cublasCreate", r"Cuda failure '?out of memory",
+            r"HIP error: out of memory", r"hipErrorOutOfMemory",
+            # A trainer's own words for it (torch's message cut off, or never printed).
+            r"\b(?:GPU|VRAM|[Vv]ideo memory) (?:ran )?out of memory\b", r"\bout of (?:GPU|VRAM|video) memory\b",
+            r"No executable batch size found, reached zero",  # accelerate's find_executable_batch_size
+            r"\bOOM when allocating tensor", r"ResourceExhaustedError",
         ),
+        first_cause=True,
         explanation="The GPU ran out of memory.",
     ),
     FaultRule(
@@ -224,11 +240,12 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
             r"No CUDA GPUs are available", r"Found no NVIDIA driver on your system",
             r"NVIDIA driver on your system is too old", r"CUDA driver version is insufficient for CUDA runtime",
             r"no kernel image is available for execution on the device", r"_base requires torch>=",
+            r"hipErrorNoBinaryForGpu", r"HIP error: invalid device function",
             r"DLL load failed", r"cannot open shared object file", r"undefined symbol: ",
             r"CUDA Setup failed despite GPU being available",  # bitsandbytes without a usable build
         ),
         # xformers and bitsandbytes print a caught "No module named 'triton'" and go on.
-        excludes=(r"Error caught was", r"No module named '?triton", r"some optimizations will not be enabled"),
+        lookalikes=(r"Error caught was", r"No module named '?triton", r"some optimizations will not be enabled"),
         restartable=False,
         explanation="The trainer's environment lacks a package, a working CUDA build of torch, or a GPU.",
     ),
@@ -239,7 +256,11 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
             r"device-side assert(?:ion)? triggered", r"Assertion `.{0,500}?` failed\.", r"CUBLAS_STATUS_[A-Z_]+",
             r"CUDNN_STATUS_(?:EXECUTION_FAILED|INTERNAL_ERROR|MAPPING_ERROR)",
             r"illegal instruction was encountered", r"error: misaligned address", r"uncorrectable ECC error",
+            # ROCm: HIP's device-side assertions end in an apostrophe, and say neither CUDA nor RuntimeError.
+            r"[Dd]evice-side assertion `.{0,500}?' failed", r"HSA_STATUS_ERROR_\w+", r"Memory access fault by GPU",
+            r"\bhipError(?:IllegalAddress|LaunchFailure|Assert)\b",
             r"CUDA error: ",  # any other CUDA error; the specific ones are claimed by rules above
+            r"HIP error: ",
         ),
         excludes=(r"invalid device ordinal",),
         explanation="The GPU reported a fatal error (illegal access, launch failure, device-side assert or a "
@@ -252,6 +273,9 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
             r"Error while deserializing header", r"incomplete metadata, file not fully covered",
             r"PytorchStreamReader failed", r"Error loading file: .{0,1000}?\.npz", r"BadZipFile", r"UnpicklingError",
             r"EOFError: Ran out of input",
+            # torch.load's older wordings for a truncated or foreign file
+            r"unexpected EOF(?:, expected \d+ more bytes)?\. The file might be corrupted",
+            r"[Ii]nvalid magic number; corrupt file\?", r"storage has wrong size: expected",
             # A state dir that exists but lacks one of its files is an incomplete
             # state, not a bad --resume path (that one is config_error below).
             (r"No such file or directory: '[^']*-state[/\\]+(?:optimizer\.bin|scheduler\.bin|scaler\.pt"
@@ -259,7 +283,8 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
         ),
         # On Windows a DataLoader worker that fails to start ends in the same
         # "EOFError: Ran out of input", raised while unpickling in spawn.py.
-        frames_exclude=(r"^(?:spawn|reduction|popen_spawn_win32)\.py ",),
+        # (torch.multiprocessing.spawn's _wrap runs a training worker: that one counts)
+        frames_exclude=(r"^spawn\.py (?:_main|spawn_main)$", r"^(?:reduction|popen_spawn_win32)\.py ",),
         explanation="A saved state or cache file cannot be read: it is truncated or corrupt.",
     ),
     FaultRule(
@@ -270,7 +295,7 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
             r"has no attribute 'sample_prompts_te_outputs'",
         ),
         # The same AttributeError from a dataset or a model loader is a different bug.
-        excludes=(r"[Dd]ata[Ll]oader", r"[Dd]ataset", r"__getitem__", r"(?<![a-z])load_\w"),
+        excludes=(r"[Dd]ata[Ll]oader", r"[Dd]ataset", r"__getitem__", r"(?<![a-z])load_\w", r"[Cc]aption"),
         # The scanner checks the frames of the traceback the message ends: sampling
         # code confirms, a dataset or loader frame refutes (innermost frame first),
         # frames of neither kind refute; with no frames in sight the message decides.
@@ -280,6 +305,9 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
         # holes, or the code of a frame reading the cache (all a cut traceback may show).
         cut_frames=SAMPLING_FRAMES,
         cut_hints=(r"NoneType", r"\bNone, None\b", r"sample_prompts_te_outputs", r"\binput_ids2\b"),
+        # Text embeddings pre-computed for the captions: a None there is a caption's, and dropping
+        # text-encoder caching would not help.
+        frames_forbid=CAPTION_CACHE_FRAMES,
         explanation="A sample prompt has no entry in the text-encoder output cache (it was edited or added "
         "after the cache was built).",
     ),
@@ -290,6 +318,7 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
     ),
     FaultRule(
         id="nan_loss",
+        # kohya's bar; any other progress or metrics shape that names a loss is read by ``ending``.
         patterns=(r"loss=nan\b",),
         live=True,
         explanation="The training loss became NaN; the trainer keeps going but learns nothing.",
@@ -326,6 +355,8 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
             r"error: unrecognized arguments:", r"error: argument --?\w", r"error: the following arguments are required",
             r"FileNotFoundError", r"No such file or directory", r"NotADirectoryError", r"IsADirectoryError",
             r"TOMLDecodeError", r"TomlDecodeError", r"Invalid TOML",
+            # sd-scripts' and musubi's own line (its Japanese half may be printed as \\uXXXX escapes)
+            r"Error on parsing TOML config file",
             r"PermissionError", r"Permission denied", r"PermissionDenied", r"Errno 13\b",
             r"No data found\. Please verify arguments", r" max_train_steps should be greater than initial step",
             # accelerate's load_state on a --resume path that is not a directory.
@@ -340,11 +371,24 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
         "permission or a missing dataset); a restart cannot fix it.",
     ),
     FaultRule(
+        id="config_error",
+        # load_state_dict of a state saved with another network size (--network_dim, a LoRA rank)
+        patterns=(r"size mismatch for [\w.]+: copying a param with shape",),
+        restartable=False,
+        explanation="A saved state or weights file was made for a model of other shapes (another network "
+        "dim or rank than this command's): it cannot be loaded, and a restart cannot fix that. Resume with "
+        "the settings it was saved with, or start fresh in another output dir.",
+    ),
+    FaultRule(
         id="host_oom_killed",
         patterns=(
             r"^Killed$", r"\d+ Killed\b", r"died with <Signals\.SIGKILL: 9>", r"returned non-zero exit status (?:-9|137)\b",
             r"^exitcode\s+: -9\b", r" \(exitcode: -9\)", r"exit code (?:-9|137)\b", r"exit code: (?:-9|137)\b", r"Signal 9 \(SIGKILL\)",
             r"is killed by signal: Killed", r"Out of memory: Killed process",
+            r"(?:^|\]\s*)Killed$",  # a shell's report glued to the last bar
+            r"^(?:zsh|bash|sh): (?:line \d+: )?(?:\d+ )?[Kk]illed\b",
+            r"(?:returncode|return code|exit status|exited with code|exit_code)[=: ]+(?:-9|137)\b",
+            r"terminated with signal SIGKILL", r"[Kk]illed by signal 9\b",
             r"DefaultCPUAllocator: (?:not enough memory|can't allocate memory)",
         ),
         strength="weak",

@@ -4,26 +4,18 @@
 interleaved, split on ``\\n`` and ``\\r``) and reports new evidence at once, so the
 supervisor can journal it or act on live faults while the child still runs.
 
-Evidence explains a failure; it never invents one.  The verdict is the line that
-ended the run, in this order of preference:
-1. the exception line of a traceback (frames in sight: *anchored*), the first one,
-   so launcher noise after the trainer's traceback and a chained exception never
-   override the root cause; an exception a launcher raises to report its child
-   (accelerate's ``CalledProcessError``, torchrun's ``ChildFailedError``) is not one;
-2. a traceback judged by its frames (``frames``: a cut traceback, or one whose
-   exception line names no fault), the first one;
-3. a live fault (NaN loss: the trainer does not stop by itself);
-4. of all other evidence, the *last* line: an argparse error or the launcher's
-   report of a SIGKILL just before the end explains it better than a warning
-   printed at import.
-Evidence followed by a trained step (the ``steps`` bar moved past where it was) did
-not end the run and is dropped, whatever it mentions; live evidence stays (``verdict.Held``
-keeps the candidates; the first bar after a traceback may be tqdm's closing redraw, so
-only a bar past it counts).  Any other tqdm bar that went on past evidence (rose twice, or
-to its end) drops it too, except a traceback's and a NaN loss (see ``verdict``).  A message rich or a terminal wrapped is read across its
-rows: a later row may name a more specific fault than the first one did.  ``classify_exit``
-combines the verdict with the exit status: a run that exits 0 with kohya's success
-marker has finished, whatever it printed on the way.
+Evidence explains a failure; it never invents one, and a failure is never read as health.  Each
+line goes through the rule table (its evidence), the structural reads of ``tracebacks`` (headers,
+frames, chained exceptions, launcher reports) and ``ending`` (an exception line or a signal death no
+rule names: ``unknown`` with its line; NaN in any shape naming a loss; metric progress).  The verdict
+is chosen by ``verdict.Held``: a NaN loss first (the first cause), then the earliest of a first
+cause (out of memory) and a traceback's exception line a rule names (never a launcher's report of
+its child), then a traceback judged by its frames, then what the log ends with: a wait it ends at,
+else the newer of the last other evidence and the ``unknown`` exception it ends with.  Evidence that
+training outlived is dropped (see ``verdict``).  A message rich or a terminal wrapped is read across
+its rows: a later row may name a more specific fault than the first one did.  ``classify_exit``
+combines the verdict with the exit status: a run that exits 0 with kohya's success marker has
+finished, whatever it printed on the way.
 
 Cost: nearly every line is a progress bar or an info log, and those must cost a
 few microseconds at most.  Only lines holding one of the literal keys derived from
@@ -38,13 +30,15 @@ import re
 from collections import deque
 from collections.abc import Iterable, Sequence
 
+from .ending import EXCEPTION, LAUNCHER_EXCEPTIONS, SIGNAL_DEATH, LineReads, ending
 from .exits import SIGNAL_LINE, STATUS_LINE, TORCHRUN_LINE, ExitInfo, classify_exit, parse_child_status
-from .frames import FrameJudge, cut_rules, is_launcher
+from .frames import FrameJudge, cut_rules, judge
 from .frames import framed as _framed
 from .keys import KeyIndex
 from .keys import is_cut as _cut
-from .linetext import bar_tail, clean_line, rank_tag, starts_record, strip_ansi
+from .linetext import bar_tail, clean_line, rank_tag, starts_record
 from .rules import BUILTIN_RULES, IGNORED_LINE_PATTERNS, FaultRule
+from .tracebacks import CHAINED, FRAME, STALE_LINES, TRACEBACK, Tracebacks
 from .userrules import compose_rules, load_user_rules
 from .verdict import Evidence, Held
 
@@ -60,14 +54,9 @@ __all__ = [
     "parse_child_status",
 ]
 
-_TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
-_FRAME = re.compile(r'^File "([^"]*)", line \d+, in (.+)$')
-# Frames older than this many lines no longer describe the current message; the
-# slack lets two or three interleaved ranks print between frame and message.
-_FRAME_STALE_LINES = 12
 _IGNORED = tuple(re.compile(p) for p in IGNORED_LINE_PATTERNS)
-_TB, _FR, _ST = -1, -2, -3  # owners of the structural patterns in the key index
-_HINT = -4  # frame rule j's hint is owned by _HINT - j
+_TB, _FR, _ST, _END, _CHAIN = -1, -2, -3, -5, -6  # owners of the structural patterns in the key index
+_HINT = -100  # frame rule j's hint is owned by _HINT - j
 _MAX_ROWS = 4  # rows of one wrapped message worth rejoining
 _MAX_ROW = 512  # longer lines are not rows rich wrapped at 80 columns: never rejoined
 # Fault messages sit at the start of a line (or right after a glued bar) and are
@@ -84,8 +73,10 @@ class FaultScanner:
         self._rules = tuple(rules)
         self._frame_rules = cut_rules(self._rules)
         self._excludes = [tuple(re.compile(p) for p in r.excludes) for r in self._rules]
+        self._lookalikes = [tuple(re.compile(p) for p in r.lookalikes) for r in self._rules]
         self._frames_require = [tuple(re.compile(p) for p in r.frames_require) for r in self._rules]
         self._frames_exclude = [tuple(re.compile(p) for p in r.frames_exclude) for r in self._rules]
+        self._frames_forbid = [tuple(re.compile(p) for p in r.frames_forbid) for r in self._rules]
         # One flat, ordered pattern list: the rules' patterns in table order (so the
         # lowest matching index is the winning rule), then the structural ones.
         self._owner: list[int] = []
@@ -94,7 +85,8 @@ class FaultScanner:
             for p in rule.patterns:
                 self._owner.append(i)
                 patterns.append(re.compile(p))
-        for owner, structural in ((_TB, _TRACEBACK), (_FR, _FRAME), (_ST, STATUS_LINE), (_ST, SIGNAL_LINE), (_ST, TORCHRUN_LINE)):
+        for owner, structural in ((_TB, TRACEBACK), (_FR, FRAME), (_ST, STATUS_LINE), (_ST, SIGNAL_LINE),
+                                  (_ST, TORCHRUN_LINE), (_END, EXCEPTION), (_END, SIGNAL_DEATH), (_CHAIN, CHAINED)):
             self._owner.append(owner)
             patterns.append(structural)
         for j, frame_rule in enumerate(self._frame_rules):
@@ -107,7 +99,9 @@ class FaultScanner:
         # line number that held a key.
         self._rows: deque[tuple[str, str, int]] = deque(maxlen=_MAX_ROWS)
         self._key_row = -1
-        self._frames: dict[str, tuple[int, list[str]]] = {}
+        self._tb = Tracebacks()
+        self._tail_at: int | None = None  # the line of held ``tail`` evidence
+        self._refuted = False  # the last _match refuted a rule (an exclude matched: a known look-alike)
         self._judge = FrameJudge(self._frame_rules)
         self._seen: dict[str, Evidence] = {}
         priority: dict[str, int] = {}  # a fault's first place in the table
@@ -115,6 +109,7 @@ class FaultScanner:
             priority.setdefault(rule.id, n)
         # The candidates for the verdict, one per kind (see the module doc).
         self._held = Held(frozenset(r.id for r in self._rules if r.live), priority)
+        self._reads = LineReads(self._rules, self._held)
         self._child: tuple[int | None, int | None] | None = None
         self._known: dict[str, tuple[str, bool, bool]] = {}  # see _prepare
 
@@ -129,12 +124,21 @@ class FaultScanner:
     def note_bar(self, line: str) -> None:
         """Tell the scanner of a training bar it was not fed (a plain redraw): evidence seen
         before the bar moves on did not end the run."""
+        if self._tail_at is not None:
+            self._tail_at = None
+            self._held.withdraw_tail()
         self._held.note_bar(line)
+
+    @property
+    def last_lines(self) -> tuple[tuple[str, int], ...]:
+        """The last few lines read that were not progress bars, ``(line, lineno)``: what an
+        ``unknown`` failure that printed no exception shows."""
+        return tuple(self._reads.last_lines)
 
     @property
     def last_frame_line(self) -> int:
         """The line number of the newest traceback frame seen (0: none)."""
-        return max((f[0] for f in self._frames.values()), default=0)
+        return self._tb.last_frame_line
 
     @property
     def evidence(self) -> tuple[Evidence, ...]:
@@ -159,9 +163,9 @@ class FaultScanner:
         assert self._judge.pending is not None
         found, rank = self._judge.pending
         text = clean_line(raw)
-        if lineno - found[2] <= _FRAME_STALE_LINES and (
-                rank_tag(raw) != rank or not text.strip("^~ ") or _FRAME.match(text) is not None
-                or self._is_source_line(raw, text, lineno)):
+        if lineno - found[2] <= STALE_LINES and (
+                rank_tag(raw) != rank or not text.strip("^~ ") or FRAME.match(text) is not None
+                or self._tb.is_source_line(raw, text, lineno)):
             return None
         self._judge.pending = None
         return self._record(_framed(found))
@@ -176,6 +180,11 @@ class FaultScanner:
             rows.clear()  # nothing before this line can be part of its message
             if not text:
                 return None
+        if self._tail_at is not None:  # a line follows the wait the log seemed to end at
+            self._tail_at = None
+            self._held.withdraw_tail()
+        read = self._reads.read(text, raw_line, lineno)
+        read_ev = self._record(read) if read is not None else None
         index = self._index
         if not hit and "%|" not in text:
             # The common case, an ordinary line holding no key: it can only complete
@@ -187,17 +196,18 @@ class FaultScanner:
                 found = self._scan_joined(text, raw_line, lineno)
                 if found is not None:
                     rows.clear()
-                    return self._record(found)
+                    return self._record(found) or read_ev
             if len(text) <= _MAX_ROW:
                 rows.append((text, raw_line, lineno))
             else:
                 rows.clear()
-            return None
+            return read_ev
         tail = None
         if "%|" in text:
             if "steps:" in text:
-                self._held.bar = text
-            self._held.draw(text)
+                self._held.note_bar(text)
+            else:
+                self._held.draw(text)
             tail = bar_tail(text)
         ev, structural = self._scan(text, raw_line, lineno) if hit else (None, False)
         if rows and ev is None and not structural and tail is None and len(text) <= _MAX_ROW:
@@ -218,7 +228,7 @@ class FaultScanner:
             rows.append((text, raw_line, lineno))
         if hit:
             self._key_row = lineno
-        return self._record(ev)
+        return self._record(ev) or read_ev
 
     def _prepare(self, raw: str) -> tuple[str, bool, bool]:
         """The line's bare text, whether it holds a key, whether it starts a record.
@@ -240,23 +250,24 @@ class FaultScanner:
     def _scan(self, text: str, raw: str, lineno: int) -> tuple[Evidence | None, bool]:
         """Slow path for a line holding a key: traceback structure, status, then rules."""
         candidates = self._index.candidates(text)
-        structural = False
+        structural = ended = False
         for k in candidates:
             owner = self._owner[k]
-            if owner == _TB and _TRACEBACK.search(text):
-                self._frames[rank_tag(raw)] = (lineno, [])
+            if owner == _TB and TRACEBACK.search(text):
+                self._tb.header(raw, lineno)
                 structural = True
-            elif owner == _FR and (m := _FRAME.match(text)) is not None:
-                rank = rank_tag(raw)
-                frames = self._frames.get(rank, (lineno, []))[1]
-                frames.append(m.group(1).replace("\\", "/").rsplit("/", 1)[-1] + " " + m.group(2).strip())
-                self._frames[rank] = (lineno, frames)
+            elif owner == _CHAIN and CHAINED.match(text):
+                self._tb.chain(lineno)
+            elif owner == _FR and (m := FRAME.match(text)) is not None:
+                rank, frames = self._tb.frame(raw, lineno, m.group(1), m.group(2))
                 framed = self._judge.frame(frames, rank, lineno, raw)
                 return _framed(framed), True
             elif owner == _ST and (status := parse_child_status(text)) is not None:
                 self._child = status
+            elif owner == _END and not ended:
+                ended = self._patterns[k].search(text) is not None
         # A frame rule's hint counts in the code the innermost frame quotes too (``te_outputs[prompt]``).
-        source = self._is_source_line(raw, text, lineno)
+        source = self._tb.is_source_line(raw, text, lineno)
         hinted = None
         if candidates and self._owner[candidates[-1]] <= _HINT:
             hinted = self._note_hints(text, raw, lineno, candidates, source)
@@ -264,16 +275,27 @@ class FaultScanner:
             return hinted, True  # a traceback quoting code; its exception line follows
         # A launcher's report of its child quotes the child's argv: only its weak wording (the child's
         # fate, a SIGKILL) is evidence there.
-        found = self._match(text, raw, lineno, candidates, weak_only=self._launcher_reports(raw, lineno))
+        launcher = self._tb.launcher_reports(raw, lineno)
+        found = self._match(text, raw, lineno, candidates, weak_only=launcher)
         if found is None:
+            if ended and hinted is None and not launcher:
+                return self._ending(text, raw, lineno), structural
             return hinted, structural
-        return Evidence(found[0].id, raw, lineno, found[0].strength, self._in_traceback(raw, lineno),
-                        explanation=found[0].explanation), structural
+        return self._evidence(found[0], raw, lineno, self._tb.in_traceback(raw, lineno)), structural
 
-    def _launcher_reports(self, raw: str, lineno: int) -> bool:
-        """Whether ``raw`` ends a launcher's traceback (accelerate's or torchrun's report of its child)."""
-        frames = self._frames_in_sight(raw, lineno)
-        return frames is not None and is_launcher(frames)
+    def _evidence(self, rule: FaultRule, line: str, lineno: int, anchored: bool) -> Evidence:
+        return Evidence(rule.id, line, lineno, rule.strength, anchored, explanation=rule.explanation,
+                        cause=rule.first_cause, kind="tail" if rule.tail else "")
+
+    def _ending(self, text: str, raw: str, lineno: int) -> Evidence | None:
+        """``unknown`` evidence for an exception line or a signal death no rule names (see ``ending``)."""
+        m = EXCEPTION.match(text)
+        if self._refuted or (m is not None and m.group("type") in LAUNCHER_EXCEPTIONS) \
+                or any(x.search(text) for x in _IGNORED):
+            return None  # a known look-alike, a launcher's report of its child, a warning
+        if m is None:  # a signal death says nothing: what was printed just before it explains it
+            return ending(raw, lineno, max(1, lineno - STALE_LINES))
+        return ending(raw, lineno, self._tb.began(raw, lineno))
 
     def _note_hints(self, text: str, raw: str, lineno: int, candidates: list[int], code: bool) -> Evidence | None:
         """Remember the frame rules' hints on this line; judge the frames in sight by them."""
@@ -281,40 +303,10 @@ class FaultScanner:
         for k in candidates:
             j = _HINT - self._owner[k]
             if j >= 0 and self._patterns[k].search(text) is not None:
-                framed = self._judge.hint(j, lineno, rank, raw, self._frames, code)
+                framed = self._judge.hint(j, lineno, rank, raw, self._tb.by_rank, code)
                 if framed is not None:
                     return _framed(framed)
         return None
-
-    def _in_traceback(self, raw: str, lineno: int) -> bool:
-        """Whether a line at ``lineno`` may be the exception line of a traceback in sight
-        (one cut off after its header counts: it shows what ended the run)."""
-        last = self._frames.get(rank_tag(raw))
-        return last is not None and lineno - last[0] <= _FRAME_STALE_LINES and not is_launcher(last[1])
-
-    def _frames_in_sight(self, raw: str, lineno: int) -> list[str] | None:
-        """The frames of the traceback a line at ``lineno`` may end, if one is in sight."""
-        last = self._frames.get(rank_tag(raw))
-        if last is None or not last[1] or lineno - last[0] > _FRAME_STALE_LINES:
-            return None
-        return last[1]
-
-    def _is_source_line(self, raw: str, text: str, lineno: int) -> bool:
-        """Whether ``text`` is the code line Python prints under a traceback frame.
-
-        ``raise RuntimeError(f"NaN detected in latents: ...")`` quotes the wording,
-        but the evidence is the exception line; code lines are indented by four
-        spaces (after any prefix) and follow a frame, exception lines are not.
-        """
-        if self._frames_in_sight(raw, lineno) is None:
-            return False
-        plain = strip_ansi(raw)
-        at = plain.find(text)
-        # Indented by four spaces after any decoration (and the blank a tag may add); a log
-        # record's level column ("ERROR    ") and rich's continuation rows (29 blanks) are not.
-        head = plain[:at]
-        decoration = head.rstrip()
-        return 4 <= len(head) - len(decoration) <= 8 and not decoration[-1:].isalpha()
 
     def _scan_joined(self, text: str, raw: str, lineno: int) -> Evidence | None:
         """Try the remembered rows joined to ``text``, without and with a space.
@@ -331,13 +323,12 @@ class FaultScanner:
         for sep in ("", " "):
             joined = acc + sep + text
             found = self._match(joined, raw, lineno, self._index.candidates(joined), len(acc), starts,
-                                self._launcher_reports(rows[0][1], rows[0][2]))
+                                self._tb.launcher_reports(rows[0][1], rows[0][2]))
             if found is not None:
                 first = max(i for i, s in enumerate(starts) if s <= found[1])
                 line = "\n".join([r[1] for r in rows[first:]] + [raw])
                 start = rows[first][2]
-                return Evidence(found[0].id, line, start, found[0].strength,
-                                self._in_traceback(rows[first][1], start), explanation=found[0].explanation)
+                return self._evidence(found[0], line, start, self._tb.in_traceback(rows[first][1], start))
         return None
 
     def _match(self, text: str, raw: str, lineno: int, candidates: list[int], boundary: int | None = None,
@@ -347,6 +338,7 @@ class FaultScanner:
         begins) the match must span the last join, and only the rows it spans are
         checked for warnings and excludes."""
         refuted = -1
+        self._refuted = False
         for k in candidates:  # ascending: table order
             i = self._owner[k]
             if i < 0 or i == refuted or (weak_only and self._rules[i].strength != "weak"):
@@ -357,6 +349,10 @@ class FaultScanner:
             own = text[max(s for s in starts if s <= m.start()):]
             if any(x.search(own) for x in _IGNORED):
                 return None  # a warning is never evidence, whatever it mentions
+            if any(x.search(own) for x in self._lookalikes[i]):
+                refuted = i  # harmless output in this rule's words: no failure either
+                self._refuted = True
+                continue
             if any(x.search(own) for x in self._excludes[i]) or not self._frames_allow(i, raw, lineno):
                 refuted = i  # this rule is refuted for the line; later rules may still match
                 continue
@@ -365,24 +361,22 @@ class FaultScanner:
 
     def _frames_allow(self, i: int, raw: str, lineno: int) -> bool:
         """Judge a frame-checked rule by the frames of the traceback the message ends."""
-        require, exclude = self._frames_require[i], self._frames_exclude[i]
-        if not require and not exclude:
+        require, exclude, forbid = self._frames_require[i], self._frames_exclude[i], self._frames_forbid[i]
+        if not require and not exclude and not forbid:
             return True
-        frames = self._frames_in_sight(raw, lineno)
+        frames = self._tb.in_sight(raw, lineno)
         if frames is None:
             return not self._rules[i].frames_needed  # no traceback in sight: the message alone decides
-        for frame in reversed(frames):  # innermost first
-            if any(x.search(frame) for x in exclude):
-                return False
-            if any(x.search(frame) for x in require):
-                return True
-        return not require  # frames in sight, none of the kind the rule requires
+        verdict = judge(frames, require, exclude, forbid)
+        return not require if verdict is None else verdict  # frames in sight, none of either kind
 
     def _record(self, ev: Evidence | None) -> Evidence | None:
         if ev is None:
             return None
         ev = self._held.record(ev)
-        if ev.fault in self._seen:
+        if ev.kind == "tail":
+            self._tail_at = ev.lineno
+        if ev.kind == "ending" or ev.fault in self._seen:  # (an ending is a verdict, not a fault's evidence)
             return None
         self._seen[ev.fault] = ev
         return ev

@@ -1,15 +1,31 @@
 """Owns the evidence record and which of the evidence seen ended the run (the scanner's verdict).
 
-``Held`` keeps one candidate per kind, in this order of preference (the scanner's module doc says
-why): ``anchored`` (a traceback's exception line, the first), ``framed`` (a traceback judged by its
-frames, the first), ``live`` (NaN loss), ``last`` (any other evidence, the newest).  Each
-remembers the training bar that was newest when it was seen: evidence that the bar moved past did
-not end the run and is dropped (live evidence stays).
+``Held`` keeps one candidate per kind and answers, in this order:
 
-Any other tqdm bar (a sampler's, a GUI's) tells the same of ``last`` evidence only, and only when it
-rose twice after it, or to its end from below: a rank that died while another rank's bar ticked once
-more, before it blocked in the next collective, still ended the run; a traceback's exception line and
-a traceback judged by its frames are never dropped by these bars, and a NaN loss never is.
+1. ``live``: a NaN loss, the first.  The trainer does not stop by itself, and whatever crashes after
+   a NaN (a device-side assert, a NaN check raising) is its consequence: the first cause wins.
+2. ``cause`` and ``anchored``, whichever came first: a first cause (an out-of-memory message, in a
+   traceback or not: the crashes of other ranks follow from it) and a traceback's exception line
+   that a rule names.  The first, so launcher noise and chained exceptions never override the root.
+3. ``framed``: a traceback judged by its frames (a cut traceback), the first.
+4. the end of the log: ``tail`` (a wait the log ends at, e.g. at a process-group barrier; the
+   scanner withdraws it as soon as any line follows), else the newer of ``last`` (any other
+   evidence, the newest) and ``ending`` (an exception line no rule names, ``unknown``, the first of
+   its failure).  A warning printed before the exception the log ends with does not explain it; a
+   line the traceback itself holds does (an ``ending`` remembers where its traceback began).
+
+Each candidate remembers the progress seen when it was recorded; progress after it means it did
+not end the run and drops it (``live`` stays):
+- the trainer's ``steps`` bar: ``last`` evidence is dropped when the bar moves past where it stood;
+  every other kind when the bar rose twice after it (the first bar after a traceback may be tqdm's
+  closing redraw, one step on: a crash pasted with one more bar line is still a crash);
+- any other tqdm bar (a sampler's, a GUI's, another trainer's): when it rose twice after the
+  evidence (``last`` also when it rose to its end);
+- metric lines that name a finite loss (``{'loss': 1.2, ...}``, ``Step 5 | loss:0.9``): two of
+  them after the evidence.
+Only ``last``, ``ending`` and ``tail`` evidence is outlived by those two: a rank that died while
+another rank's bars and metrics went on (before it blocked in the next collective, or while it
+sampled) still ended the run.
 """
 
 from __future__ import annotations
@@ -22,9 +38,13 @@ from .matchers import parse_progress
 
 __all__ = ["Evidence", "Held"]
 
-_PREFERENCE = ("anchored", "framed", "live", "last")
 # Any tqdm bar: "desc: 35%|███     | 7/20 [00:21<00:38, ...": its desc, step and total (the last one on a line).
 _TQDM = re.compile(r"([^\]|%]{0,40}?)\s*\d+%\|[^|]*\|\s*(\d+)/(\d+)")
+_METRICS = ("(metrics)", 0)  # the identity metric lines count under, as if they were a bar
+_FIRSTS = ("cause", "anchored")
+# A traceback's exception line, a first cause, a traceback judged by its frames and a NaN loss are
+# outlived by the trainer's ``steps`` bar only: another rank may still draw its bars after a rank died.
+_OUTLIVED_BY_ANY_BAR = frozenset({"last", "ending", "tail"})
 
 
 @dataclass(frozen=True)
@@ -40,6 +60,20 @@ class Evidence:
     live: bool = False  # the rule asks for action while the child runs (NaN loss)
     framed: bool = False  # a traceback judged by its frames (see ``frames``)
     explanation: str = field(default="", compare=False)  # the matching rule's
+    cause: bool = False  # a first cause (out of memory): it stands over the crashes it leads to
+    kind: str = ""  # "ending": an exception line no rule names; "tail": a wait the log ends at
+    since: int = field(default=0, compare=False)  # an ending's traceback began here (0: unknown)
+
+
+@dataclass
+class _Slot:
+    """A held candidate and the progress seen since it was recorded."""
+
+    ev: Evidence
+    base: int | None  # the steps bar's step when it was recorded (None: no bar drawn yet)
+    bars: dict[tuple[str, int], tuple[int, int]]  # any bar's identity -> (highest step, rises) since
+    first: int | None = None  # with no base: the first steps bar after it (maybe tqdm's closing redraw)
+    ended: bool = False  # some other bar rose to its end from below
 
 
 class Held:
@@ -48,86 +82,115 @@ class Held:
     def __init__(self, live_ids: frozenset[str], priority: Mapping[str, int]) -> None:
         self._live_ids = live_ids
         self._priority = priority
-        self._held: dict[str, tuple[Evidence, str | None]] = {}
+        self._held: dict[str, _Slot] = {}
         self.bar: str | None = None  # the newest ``steps`` bar seen
         self._drawn: str | None = None  # the newest bar of any kind seen
-        # Since the held ``last`` evidence: each bar's (desc, total) -> (highest step, times it rose).
-        self._rises: dict[tuple[str, int], tuple[int, int]] | None = None
+        self._metrics = 0  # metric lines seen
 
     @property
     def verdict(self) -> Evidence | None:
-        self.drop_outlived()
-        for kind in _PREFERENCE:
-            held = self._held.get(kind)
-            if held is not None:
-                return held[0]
-        return None
+        held = self._held
+        if "live" in held:
+            return held["live"].ev
+        firsts = [held[k].ev for k in _FIRSTS if k in held]
+        if firsts:
+            return min(firsts, key=lambda ev: ev.lineno)
+        if "framed" in held:
+            return held["framed"].ev
+        if "tail" in held:
+            return held["tail"].ev
+        last, ending = held.get("last"), held.get("ending")
+        if last is not None and ending is not None:
+            since = ending.ev.since or ending.ev.lineno
+            return last.ev if last.ev.lineno >= since else ending.ev
+        return last.ev if last is not None else ending.ev if ending is not None else None
 
     def note_bar(self, line: str) -> None:
+        """The trainer's ``steps`` bar, fed or not: evidence it outlived is dropped."""
         self.bar = line
         self.draw(line)
-        if self._held:
-            self.drop_outlived()
+        if not self._held:
+            return
+        step = _bar_step(line)
+        for kind, slot in list(self._held.items()):
+            if kind == "live":
+                continue
+            if kind == "last":
+                gone = step > (slot.base or 0)
+            elif slot.base is not None:
+                gone = step >= slot.base + 2  # one step on may be the closing redraw
+            elif slot.first is None:
+                slot.first, gone = step, False  # where it stood: no bar was drawn before
+            else:
+                gone = step > slot.first
+            if gone:
+                del self._held[kind]
 
     def draw(self, line: str) -> None:
-        """Any tqdm bar seen (the trainer's ``steps`` bar too): drop ``last`` evidence it outlived."""
+        """Any tqdm bar seen (the trainer's ``steps`` bar too): drop evidence it outlived."""
         self._drawn = line
-        rises = self._rises
-        if rises is None:
-            return
-        if "last" not in self._held:  # (the trainer's bar dropped it first)
-            self._rises = None
+        if not self._held:
             return
         bar = _tqdm(line)
         if bar is None:
             return
         key, step = bar
-        seen = rises.get(key)
-        if seen is None:
-            rises[key] = (step, 0)  # first drawn after the evidence: where it stood
-        elif step > seen[0]:
-            if seen[1] >= 1 or step == key[1] >= 2:
-                self._held.pop("last", None)  # it went on: that evidence did not end the run
-                self._rises = None
-            else:
-                rises[key] = (step, 1)
+        for kind, slot in list(self._held.items()):
+            if kind not in _OUTLIVED_BY_ANY_BAR:
+                continue
+            high, rises = slot.bars.get(key, (step, -1))
+            if rises < 0:
+                slot.bars[key] = (step, 0)  # first drawn after the evidence: where it stood
+                continue
+            if step > high:
+                rises += 1
+                slot.ended = slot.ended or step == key[1] >= 2
+                slot.bars[key] = (step, rises)
+                if rises >= 2 or (kind == "last" and slot.ended):
+                    del self._held[kind]
+
+    def metric(self) -> None:
+        """A metric line naming a finite loss: training went on (twice after evidence drops it)."""
+        self._metrics += 1
+        for kind, slot in list(self._held.items()):
+            if kind not in _OUTLIVED_BY_ANY_BAR:
+                continue
+            start, _ = slot.bars.get(_METRICS, (self._metrics - 1, 0))
+            if self._metrics - start >= 2:
+                del self._held[kind]
+
+    def withdraw_tail(self) -> None:
+        """A line followed the wait the log seemed to end at: it did not end there."""
+        self._held.pop("tail", None)
 
     def record(self, ev: Evidence) -> Evidence:
         """Hold ``ev`` where it belongs; returns it as held (marked live for a live fault)."""
         if ev.fault in self._live_ids:
             ev = replace(ev, live=True)
             kind = "live"
+        elif ev.kind in ("tail", "ending"):
+            kind = ev.kind
         elif ev.framed:
             kind = "framed"
+        elif ev.strength == "root" and ev.cause:
+            kind = "cause"
         else:
             kind = "anchored" if ev.anchored and ev.strength == "root" else "last"
-        self.drop_outlived()
-        for other, (old, _) in list(self._held.items()):
+        for other, slot in list(self._held.items()):
             # The same message read across more of its rows, naming a more specific fault.
+            old = slot.ev
             if old.lineno == ev.lineno and self._priority.get(ev.fault, 0) < self._priority.get(old.fault, 0):
                 del self._held[other]
-        held = self._held.get(kind)
-        if held is None or kind == "last":
-            self._held[kind] = (ev, self.bar)
-        if kind == "last":
-            bar = _tqdm(self._drawn) if self._drawn is not None else None
-            self._rises = {} if bar is None else {bar[0]: (bar[1], 0)}
+        if kind not in self._held or kind in ("last", "tail"):
+            self._held[kind] = _Slot(ev, _bar_step(self.bar) if self.bar is not None else None, self._bars_now())
         return ev
 
-    def drop_outlived(self) -> None:
-        """Forget held evidence that training progress followed: it did not end the run."""
-        bar = self.bar
-        held = [(kind, h) for kind, h in self._held.items() if kind != "live" and h[1] is not bar]
-        if bar is None or not held:
-            return  # (a held NaN loss costs no parse of every redraw)
-        now = _bar_step(bar)
-        for kind, (ev, then) in held:
-            if then is None and kind == "anchored":
-                # The first bar after a traceback may be tqdm's redraw as it closes (a paste often
-                # starts there): it is where the run stood; only a bar past it is progress.
-                self._held[kind] = (ev, bar)
-            elif now > _bar_step(then):
-                del self._held[kind]
+    def _bars_now(self) -> dict[tuple[str, int], tuple[int, int]]:
+        """Where the newest bar of any kind stands: the baseline a slot's rises count from."""
+        bar = _tqdm(self._drawn) if self._drawn is not None else None
+        out = {bar[0]: (bar[1], 0)} if bar is not None else {}
+        out[_METRICS] = (self._metrics, 0)
+        return out
 
 
 def _tqdm(line: str) -> tuple[tuple[str, int], int] | None:
