@@ -22,7 +22,8 @@ def sampling_rounds(out: Path) -> list[set[str]]:
     last = None
     for line in (out / "sample" / "prompts_used.jsonl").read_text().splitlines():
         rec = json.loads(line)
-        key = (rec["step"], Path(rec["file"]).name.rsplit("_", 2)[0])
+        # NAME_STEP6_II_TIME[_SEED].png: the output name and the step tell a round
+        key = (rec["step"], Path(rec["file"]).name.rsplit(f"_{rec['step']:06d}_", 1)[0])
         if key != last:
             rounds.append(set())
             last = key
