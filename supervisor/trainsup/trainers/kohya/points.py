@@ -139,11 +139,12 @@ class ResumePoints(LedgerStates):
         # Saved at or before the newest state the ledger knows: what the output dir shows needs no save.
         proven = max([s.step for s in self.ledger.states], default=0)
         saves_done = frozenset(s for s in save_steps(rec.resume_step, proven, c.every_steps) if self._shows_save(s))
-        sample = self.samples.cadence if self.samples is not None else None
+        sample_every, samples_done = None, frozenset[int]()
+        if self.samples is not None and not self.samples.cadence.every_epochs:  # else kohya samples by epoch
+            sample_every = self.samples.cadence.every_steps
+            samples_done = frozenset(s for s in self.samples.steps_shown() if s <= proven)
         return attempt_saves(offset, rec.resume_step, c.max_steps, per_epoch, c.every_steps, saves_done=saves_done,
-                             sample_every=sample.every_steps if sample and not sample.every_epochs else None,
-                             samples_done=frozenset(s for s in self.samples.steps_shown() if s <= proven)
-                             if self.samples is not None else frozenset(), epoch_states=c.epoch_states)
+                             sample_every=sample_every, samples_done=samples_done, epoch_states=c.epoch_states)
 
     def _shows_save(self, step: int) -> bool:
         """Whether the output dir shows this step's save, complete, under its true name."""
@@ -218,7 +219,7 @@ class ResumePoints(LedgerStates):
         self.relaunch_at_state = True
         self.journal.event("segment_relaunch", step=at, attempt=self.attempt, why=self.saves.why)
         self.say(f"step {at} (the end of epoch {epoch}) is saved: relaunching from it, so that the next "
-                 f"attempt's saves land on your steps without a save at every step ({self.saves.why})")
+                 f"attempt's saves and samples land on your steps at little cost ({self.saves.why})")
 
     # --- what the output dir shows ---------------------------------------------------------------
     def _own_name(self) -> bool:
