@@ -18,11 +18,12 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT, trainsup_cmd
-from tests.corpus import FORMS, LOGS, NO_SETTING_REMEDY, Excerpt, false_fix, load
+from tests.corpus import CORPUS, FORMS, LOGS, NO_SETTING_REMEDY, Excerpt, false_fix, load
 from trainsup.faults.rules import FAULT_IDS
 from trainsup.trainers.registry import family_rules
 
 EXCERPTS = load()
+HOLDOUT = CORPUS / "holdout2"
 THREAD = re.compile(r"^https://github\.com/[\w.-]+/[\w.-]+/(?:issues|pull|discussions)/\d+$")
 CLASSES = {*FAULT_IDS, *(r.id for r in family_rules())}
 # What the issue asks of the corpus: its size, the classes and the forms it covers.
@@ -75,6 +76,20 @@ def test_no_excerpt_without_a_setting_remedy_gets_a_setting_changed(diagnoses: d
     fixed = [(e.path.name, diagnoses[str(e.path)]["remedy"]) for e in EXCERPTS
              if e.fault in NO_SETTING_REMEDY and false_fix(diagnoses[str(e.path)])]
     assert not fixed
+
+
+def test_the_held_out_set_is_whole_and_shares_no_thread_with_the_tuning_corpus() -> None:
+    """tests/corpus/holdout2 (issue 35): its shape is checked, never its answers (a held-out set that a
+    test asserts on is tuned on); its threads are not the tuning corpus's."""
+    held = load(HOLDOUT)
+    assert len(held) >= 60
+    assert sorted(e.path.name for e in held) == sorted(p.name for p in (HOLDOUT / "logs").glob("*.log"))
+    tuning = {e.source for e in EXCERPTS}
+    for e in held:
+        assert e.path.name.split("__", 1)[0] == (e.fault or "clean") and (e.fault is None or e.fault in CLASSES)
+        assert THREAD.match(e.source) and e.source not in tuning, (e.path.name, e.source)
+        assert set(e.forms) <= FORMS | {"notebook"} and e.forms and e.why.strip(), e.path.name
+    assert len({e.source for e in held}) == len(held)  # one excerpt a thread
 
 
 def test_a_requirement_on_another_package_names_the_exact_pip_command(diagnoses: dict[str, dict[str, Any]]) -> None:

@@ -54,6 +54,7 @@ class RunView:
     rate: float | None = None  # iterations per second
     eta_s: float | None = None
     last_fault: str | None = None
+    last_fault_evidence: str | None = None  # its line (the first row of it)
     gpu: list[dict[str, Any]] | None = None
     pid: int | None = None  # the live supervisor's
     exit_code: int | None = None
@@ -97,6 +98,8 @@ def view(ref: RunRef) -> RunView:
     out.attempt, out.step, out.total = _int(data.get("attempt")), _int(data.get("step")), _int(data.get("total"))
     out.loss, out.rate, out.updated = _number(data.get("loss")), _number(data.get("rate")), updated
     out.last_fault = data.get("last_fault") if isinstance(data.get("last_fault"), str) else None
+    evidence = data.get("last_fault_evidence")
+    out.last_fault_evidence = evidence.split("\n")[0].strip() if isinstance(evidence, str) and evidence else None
     out.exit_code = _int(data.get("exit_code"))
     out.reason = data.get("reason") if isinstance(data.get("reason"), str) else None
     gpus = data.get("gpu")
@@ -134,6 +137,10 @@ def _gpu_text(entry: Mapping[str, Any]) -> str | None:
     return f"gpu{index} {shown} GiB"
 
 
+def _clip(text: str, width: int = 100) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
 def format_line(run: RunView, name_width: int = 0) -> str:
     """One run as a line: name, state, then what is known, a ``(reason)`` last."""
     parts = [run.name.ljust(name_width), run.state.ljust(9)]
@@ -142,7 +149,9 @@ def format_line(run: RunView, name_width: int = 0) -> str:
     live = run.state in LIVE_STATES
     parts.extend(progress_parts(run.step, run.total, run.loss, run.rate if live else None, eta_s=run.eta_s))
     if run.last_fault:
-        parts.append(f"fault {run.last_fault}")
+        # An unknown fault says nothing by its class: its line does.
+        shown = run.last_fault_evidence if run.last_fault == "unknown" else None
+        parts.append(f"fault {run.last_fault}" + (f" ({_clip(shown)})" if shown else ""))
     if live:
         parts.extend(text for text in map(_gpu_text, run.gpu or []) if text)
         if run.pid is not None:

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from .rules import FaultRule
 from .verdict import Evidence, Held
 
-__all__ = ["EXCEPTION", "LAUNCHER_EXCEPTIONS", "SIGNAL_DEATH", "UNKNOWN_WHY", "LineReads", "ending"]
+__all__ = ["EXCEPTION", "LAUNCHER_EXCEPTIONS", "SIGNAL_DEATH", "UNKNOWN_WHY", "LineReads", "ending", "wanted"]
 
 UNKNOWN_WHY = "The run failed, and no rule matched its output."
 EXCEPTION = re.compile(
@@ -55,6 +55,12 @@ _TABLE_ROW = re.compile(r"^\d+(?:\s+(?:[-+]?\d[\d.eE+-]*|nan|NaN|inf|No log))+$"
 _LAST_LINES = 5
 
 
+def wanted(text: str) -> bool:
+    """Whether ``LineReads.read`` may find anything in ``text`` outside a loss table (the scanner
+    remembers the answer with the line's cleaning)."""
+    return "nan" in text or "NaN" in text or "NAN" in text or "oss" in text or text.startswith(("Step", "Epoch"))
+
+
 def ending(raw: str, lineno: int, since: int) -> Evidence:
     """The ``unknown`` evidence of an exception line or a signal death no rule names."""
     return Evidence("unknown", raw, lineno, "weak", kind="ending", since=since, explanation=UNKNOWN_WHY)
@@ -67,14 +73,13 @@ class LineReads:
         nan = next((r for r in rules if r.id == "nan_loss"), None)
         self._nan_why = nan.explanation if nan is not None else None  # no NaN rule: no NaN reads
         self._held = held
-        self._table = False  # inside a loss table
+        self.table = False  # inside a loss table (every line is then read)
         self.last_lines: deque[tuple[str, int]] = deque(maxlen=_LAST_LINES)
 
     def read(self, text: str, raw: str, lineno: int) -> Evidence | None:
-        """Read one non-empty line; returns NaN evidence, else None (progress goes to the held verdict)."""
-        if "%|" not in text:
-            self.last_lines.append((raw, lineno))
-        if self._table or text[:1] in ("S", "E"):
+        """Read one non-empty line the scanner found ``wanted`` (or any, inside a loss table); returns NaN
+        evidence, else None (progress goes to the held verdict).  The scanner keeps ``last_lines``."""
+        if self.table or text.startswith(("Step", "Epoch")):
             found = self._read_table(text, raw, lineno)
             if found is not None:
                 return found
@@ -87,12 +92,12 @@ class LineReads:
 
     def _read_table(self, text: str, raw: str, lineno: int) -> Evidence | None:
         if _TABLE_HEAD.match(text) is not None:
-            self._table = True
+            self.table = True
             return None
-        if not self._table:
+        if not self.table:
             return None
         if _TABLE_ROW.match(text) is None:
-            self._table = False
+            self.table = False
             return None
         if ("nan" in text or "NaN" in text) and self._nan_why is not None:
             return Evidence("nan_loss", raw, lineno, "root", explanation=self._nan_why)

@@ -206,7 +206,7 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
             r"CUBLAS_STATUS_NOT_INITIALIZED when calling `?cublasCreate", r"Cuda failure '?out of memory",
             r"HIP error: out of memory", r"hipErrorOutOfMemory",
             # A trainer's own words for it (torch's message cut off, or never printed).
-            r"\b(?:GPU|VRAM|[Vv]ideo memory) (?:ran )?out of memory\b", r"\bout of (?:GPU|VRAM|video) memory\b",
+            r"\b(?:GPU|VRAM) (?:ran )?out of memory\b", r"\bout of (?:GPU|VRAM) memory\b",
             r"No executable batch size found, reached zero",  # accelerate's find_executable_batch_size
             r"\bOOM when allocating tensor", r"ResourceExhaustedError",
         ),
@@ -386,9 +386,10 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
             r"^exitcode\s+: -9\b", r" \(exitcode: -9\)", r"exit code (?:-9|137)\b", r"exit code: (?:-9|137)\b", r"Signal 9 \(SIGKILL\)",
             r"is killed by signal: Killed", r"Out of memory: Killed process",
             r"(?:^|\]\s*)Killed$",  # a shell's report glued to the last bar
-            r"^(?:zsh|bash|sh): (?:line \d+: )?(?:\d+ )?[Kk]illed\b",
-            r"(?:returncode|return code|exit status|exited with code|exit_code)[=: ]+(?:-9|137)\b",
-            r"terminated with signal SIGKILL", r"[Kk]illed by signal 9\b",
+            r"^zsh: killed\s",  # (bash's job report is "14: 40211 Killed ...", above)
+            r"exits with return code = -9\b",  # DeepSpeed's launcher
+            r"exited with (?:exit )?code:? (?:-9|137)\b",
+            r"terminated with signal SIGKILL", r"Killed by signal 9\b", r" killed by signal 9\b",
             r"DefaultCPUAllocator: (?:not enough memory|can't allocate memory)",
         ),
         strength="weak",

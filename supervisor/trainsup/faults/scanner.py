@@ -30,7 +30,7 @@ import re
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-from .ending import EXCEPTION, LAUNCHER_EXCEPTIONS, SIGNAL_DEATH, LineReads, ending
+from .ending import EXCEPTION, LAUNCHER_EXCEPTIONS, SIGNAL_DEATH, LineReads, ending, wanted
 from .exits import SIGNAL_LINE, STATUS_LINE, TORCHRUN_LINE, ExitInfo, classify_exit, parse_child_status
 from .frames import FrameJudge, cut_rules, judge
 from .frames import framed as _framed
@@ -111,7 +111,7 @@ class FaultScanner:
         self._held = Held(frozenset(r.id for r in self._rules if r.live), priority)
         self._reads = LineReads(self._rules, self._held)
         self._child: tuple[int | None, int | None] | None = None
-        self._known: dict[str, tuple[str, bool, bool]] = {}  # see _prepare
+        self._known: dict[str, tuple[str, bool, bool, bool, bool]] = {}  # see _prepare
 
     @property
     def verdict(self) -> Evidence | None:
@@ -134,6 +134,11 @@ class FaultScanner:
         """The last few lines read that were not progress bars, ``(line, lineno)``: what an
         ``unknown`` failure that printed no exception shows."""
         return tuple(self._reads.last_lines)
+
+    def last_lines_evidence(self, count: int = 3) -> Evidence | None:
+        """``unknown`` evidence made of the last lines, for a failure that printed no line of its own."""
+        shown = self.last_lines[-count:]
+        return ending("\n".join(line for line, _ in shown), shown[0][1], shown[0][1]) if shown else None
 
     @property
     def last_frame_line(self) -> int:
@@ -174,7 +179,7 @@ class FaultScanner:
         known = self._known.get(raw_line)
         if known is None:
             known = self._prepare(raw_line)
-        text, hit, record = known
+        text, hit, record, bar, wanted = known
         rows = self._rows
         if not text or record:
             rows.clear()  # nothing before this line can be part of its message
@@ -183,10 +188,15 @@ class FaultScanner:
         if self._tail_at is not None:  # a line follows the wait the log seemed to end at
             self._tail_at = None
             self._held.withdraw_tail()
-        read = self._reads.read(text, raw_line, lineno)
-        read_ev = self._record(read) if read is not None else None
+        reads = self._reads
+        if not bar:
+            reads.last_lines.append((raw_line, lineno))
+        read_ev = None
+        if wanted or reads.table:
+            read = reads.read(text, raw_line, lineno)
+            read_ev = self._record(read) if read is not None else None
         index = self._index
-        if not hit and "%|" not in text:
+        if not hit and not bar:
             # The common case, an ordinary line holding no key: it can only complete
             # a message that rich wrapped, begun by the rows before it.
             # (a key can straddle two rows only where a word was cut: rich folded it, or a
@@ -230,17 +240,18 @@ class FaultScanner:
             self._key_row = lineno
         return self._record(ev) or read_ev
 
-    def _prepare(self, raw: str) -> tuple[str, bool, bool]:
-        """The line's bare text, whether it holds a key, whether it starts a record.
+    def _prepare(self, raw: str) -> tuple[str, bool, bool, bool, bool]:
+        """The line's bare text, whether it holds a key, whether it starts a record, whether it is a
+        progress bar, whether ``ending.LineReads`` wants it (see ``wanted``).
 
-        All three depend on the line alone, and rich logs repeat many lines exactly
+        All of them depend on the line alone, and rich logs repeat many lines exactly
         (continuation rows, records in the same second print no time), so short
         lines are remembered: a repeat then costs one dict lookup.
         """
         text = clean_line(raw)
         if len(text) > _HEAD + _TAIL:
             text = text[:_HEAD] + "\n" + text[-_TAIL:]
-        known = (text, bool(text) and self._index.hit(text), starts_record(raw))
+        known = (text, bool(text) and self._index.hit(text), starts_record(raw), "%|" in text, wanted(text))
         if len(raw) <= _MAX_ROW:
             if len(self._known) >= _KNOWN_LINES:
                 self._known.clear()  # a crude bound; the lines worth keeping come back quickly
@@ -256,7 +267,7 @@ class FaultScanner:
             if owner == _TB and TRACEBACK.search(text):
                 self._tb.header(raw, lineno)
                 structural = True
-            elif owner == _CHAIN and CHAINED.match(text):
+            elif owner == _CHAIN and CHAINED.search(text):
                 self._tb.chain(lineno)
             elif owner == _FR and (m := FRAME.match(text)) is not None:
                 rank, frames = self._tb.frame(raw, lineno, m.group(1), m.group(2))

@@ -22,7 +22,7 @@ __all__ = ["CHAINED", "FRAME", "STALE_LINES", "TRACEBACK", "Tracebacks"]
 
 TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
 FRAME = re.compile(r'^File "([^"]*)", line \d+, in (.+)$')
-CHAINED = re.compile(r"^(?:During handling of the above exception|The above exception was the direct cause)")
+CHAINED = re.compile(r"^During handling of the above exception|the direct cause of the following exception")
 STALE_LINES = 12
 
 
@@ -32,7 +32,7 @@ class Tracebacks:
     def __init__(self) -> None:
         self.by_rank: dict[str, tuple[int, list[str]]] = {}  # rank -> (newest frame's line, frames)
         self._began: dict[str, int] = {}  # rank -> where the traceback in sight began
-        self._chained = -1  # the line of the last chaining marker
+        self._chained = -(1 << 30)  # the line of the last chaining marker (none yet)
 
     @property
     def last_frame_line(self) -> int:

@@ -8,11 +8,12 @@
    traceback or not: the crashes of other ranks follow from it) and a traceback's exception line
    that a rule names.  The first, so launcher noise and chained exceptions never override the root.
 3. ``framed``: a traceback judged by its frames (a cut traceback), the first.
-4. the end of the log: ``tail`` (a wait the log ends at, e.g. at a process-group barrier; the
-   scanner withdraws it as soon as any line follows), else the newer of ``last`` (any other
-   evidence, the newest) and ``ending`` (an exception line no rule names, ``unknown``, the first of
-   its failure).  A warning printed before the exception the log ends with does not explain it; a
-   line the traceback itself holds does (an ``ending`` remembers where its traceback began).
+4. the end of the log: the newer of ``last`` (any other evidence, the newest) and ``ending`` (an
+   exception line no rule names, ``unknown``, the first of its failure): a warning printed before
+   the exception the log ends with does not explain it, a line the traceback itself holds does (an
+   ``ending`` remembers where its traceback began); without an ending, ``tail`` (a wait the log ends
+   at, e.g. at a process-group barrier; the scanner withdraws it as soon as any line follows) before
+   ``last``.
 
 Each candidate remembers the progress seen when it was recorded; progress after it means it did
 not end the run and drops it (``live`` stays):
@@ -97,13 +98,13 @@ class Held:
             return min(firsts, key=lambda ev: ev.lineno)
         if "framed" in held:
             return held["framed"].ev
+        last, ending = held.get("last"), held.get("ending")
+        if ending is not None:
+            since = ending.ev.since or ending.ev.lineno
+            return last.ev if last is not None and last.ev.lineno >= since else ending.ev
         if "tail" in held:
             return held["tail"].ev
-        last, ending = held.get("last"), held.get("ending")
-        if last is not None and ending is not None:
-            since = ending.ev.since or ending.ev.lineno
-            return last.ev if last.ev.lineno >= since else ending.ev
-        return last.ev if last is not None else ending.ev if ending is not None else None
+        return last.ev if last is not None else None
 
     def note_bar(self, line: str) -> None:
         """The trainer's ``steps`` bar, fed or not: evidence it outlived is dropped."""

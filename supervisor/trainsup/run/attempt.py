@@ -167,6 +167,8 @@ def run_attempt(argv: list[str], env: dict[str, str], cwd: Path, log_path: Path,
         fault = classify_exit(info, scanner.verdict)
     verdict = hang_evidence if fault == "hang" else scanner.verdict
     evidence = verdict if verdict is not None and verdict.fault == fault else None  # never another fault's line
+    if fault == "unknown" and evidence is None:  # never without its line: what the trainer printed last
+        evidence = scanner.last_lines_evidence()
     return AttemptResult(exit_code, sig, obs, fault, evidence, uptime, stop_signal, nan_step, stopped_for_change,
                          completed)
 

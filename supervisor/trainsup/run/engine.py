@@ -181,7 +181,7 @@ class Supervisor:
             for index, rung in decision.skipped:
                 self.journal.event("remedy_skipped", **{"class": outcome.fault}, rung=index,
                                    actions=rung.describe(), trainer=t.family,
-                                   reason="means nothing for this command")
+                                   reason=rung.unfit_reason(outcome.evidence) or "means nothing for this command")
             if decision.kind != "restart":
                 return self._end(decision, attempt)
             self._transition(RunState.REMEDYING)
@@ -263,7 +263,7 @@ class Supervisor:
                                line=ev.lineno if ev else None, attempt=attempt,
                                **({"gpu": gpu_at_oom} if gpu_at_oom is not None else {}))
             self.say(f"fault={r.fault} attempt={attempt} evidence={ev.line.strip()[:200] if ev else None!r}")
-            self._status(last_fault=r.fault)
+            self._status(last_fault=r.fault, last_fault_evidence=ev.line.strip()[:400] if ev else None)
         same = r.fault == "host_oom_killed" and killed_for_memory(self.oom_kills_at_launch, oom_kills()) is False
         if same:  # killed, but not for memory: nothing to remedy
             self.journal.event("info", attempt=attempt, message=NOT_FOR_MEMORY)
