@@ -104,6 +104,9 @@ def dataset_state(root: Path) -> dict[str, tuple[str, int]]:
 
 
 def test_caption_edit_invalidates_exactly_that_images_te_cache(assets: dict[str, Path], tmp_path: Path) -> None:
+    """A caption edited mid-run applies at the run's next launch (here the relaunch after a simulated
+    OOM at step 14; a finished run is never launched again): exactly that image's text-encoder cache is
+    set aside, every other dataset file is left as it was."""
     dataset = tmp_path / "dataset"
     shutil.copytree(assets["dataset"], dataset)
     out = tmp_path / "out"
@@ -114,26 +117,28 @@ def test_caption_edit_invalidates_exactly_that_images_te_cache(assets: dict[str,
     captions = sorted(subset.glob("*.txt"))
     edited = captions[2]
     seen: list[bool] = []
+    before: dict[str, tuple[str, int]] = {}
 
     def edit_caption(event: dict) -> None:
         if event["event"] == "state_saved" and not seen:
             edited.write_text("a completely different caption\n")
             seen.append(True)
+        elif event["event"] == "fault" and not before:  # the attempt ended: the dataset as it left it
+            before.update(dataset_state(dataset))
 
-    first = supervise(argv, out, tmp_path, env=clean_env(TRAINSUP_DEMO_STEP_SECONDS="0.1"), on_event=edit_caption)
-    assert first.returncode == 0, first.stderr[-3000:]
+    run = supervise(argv, out, tmp_path, env=clean_env(TRAINSUP_DEMO_STEP_SECONDS="0.1",
+                                                       TRAINSUP_DEMO_SIMULATE="cuda_oom@14"),
+                    on_event=edit_caption)
+    assert run.returncode == 0, run.stderr[-3000:]
     assert {"event": "file_changed", "path": str(edited.resolve()), "kind": "modified"}.items() <= \
-        {**first.of("file_changed")[0]}.items()
-    assert first.of("change_scheduled")[0]["apply"] == "next_launch"
+        {**run.of("file_changed")[0]}.items()
+    assert run.of("change_scheduled")[0]["apply"] == "next_launch"
     cache = subset / f"{edited.stem}_flux_te.npz"
-    assert cache.exists() and len(list(subset.glob("*_flux_te.npz"))) == len(captions)
-    before = dataset_state(dataset)
-
-    second = supervise(argv, out, tmp_path)  # the next launch, in the same run dir
-    assert second.returncode == 0, second.stderr[-3000:]
-    moved = second.of("cache_invalidated")
+    assert before and str(cache.relative_to(dataset)) in before
+    assert len([n for n in before if n.endswith("_flux_te.npz")]) == len(captions)
+    moved = run.of("cache_invalidated")
     assert len(moved) == 1 and moved[0]["files"] == [str(cache)]
-    kept = list((second.run_dir / "invalidated").glob(f"*/1_demo/{cache.name}"))
+    kept = list((run.run_dir / "invalidated").glob(f"*/1_demo/{cache.name}"))
     assert len(kept) == 1  # set aside under its path relative to the dataset, not deleted
     after = dataset_state(dataset)
     rel = str(cache.relative_to(dataset))
