@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ..record.identity import Choice, Identity, IdentityError, PastRun, choose, find_same, write_identity
+from ..record.identity import Choice, Identity, IdentityError, PastRun, choose, write_identity
 from ..record.ledger import Ledger
 from ..trainers.base import TrainerRun
 
@@ -57,11 +57,11 @@ def this_runs_dir(trainer: TrainerRun, run_dir: Path | None, cwd: Path) -> Path:
     base = (run_dir or trainer.default_run_dir(cwd)).resolve()
     if run_dir is not None:
         return base
-    try:
-        past = find_same(base, Identity(trainer.identity()), trainer.given_argv)
-    except OSError:
+    try:  # the run dir a start would choose now (choosing makes nothing)
+        return choose(base, Identity(trainer.identity()), trainer.given_argv, trainer.label, explicit=False,
+                      fresh=False).run_dir
+    except (OSError, IdentityError):
         return base
-    return past.run_dir if past is not None else base
 
 
 def refusal(home: Home, trainer: TrainerRun, ledger: Ledger, start: Start) -> tuple[int, str] | None:
