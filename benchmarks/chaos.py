@@ -29,7 +29,7 @@ After each run, violations of six invariants are counted:
    the dataset, prompt file and base model hold exactly what the benchmark wrote;
 3. every resume (`attempt_start` with `resume_from`) came from a state that is complete (every file
    loads) and whose save no injection interrupted, and that the ledger lists and does not mark bad;
-4. a killed supervisor's trainer died within 5 s (README: its next output line), unless it was a
+4. a killed supervisor's trainer died within 5 s (docs/guides/robustness.md: its next output line), unless it was a
    silent one the next supervisor stopped before launching (`orphan_stopped`); never two trainers
    on one output dir (process table sampled every 50 ms); none left after the last supervisor;
 5. `events.jsonl` parses line by line (no record cut or glued onto another, whatever the disk did)

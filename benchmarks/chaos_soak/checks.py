@@ -176,7 +176,7 @@ def _check_processes(run: ChaosRun, events: list[dict[str, Any]]) -> None:
             later = [e for e in events if e.get("event") == "attempt_start" and e["ts"] > sup.killed]
             wrote = [m for m in mtimes if sup.killed + ORPHAN_BOUND_S < m < died]
             stopped_late = pid in stopped and (not later or died > later[0]["ts"] + 0.1)
-            # README: a trainer that prints nothing (here: still loading, no bar yet) lives on until
+            # docs/guides/robustness.md: a trainer that prints nothing (here: still loading, no bar yet) lives on until
             # the next supervisor stops it, or until its first line meets the closed pipe.
             if sup.loading and not wrote and not stopped_late:
                 continue

@@ -101,7 +101,7 @@ class Bed(ABC):
         return str(self.state_dir(run.out, newest)), newest
 
     # How far an interrupted run's weights may be from an uninterrupted run's: the residual the
-    # README's trainer table states for this adapter on this command (0: bit-exact).
+    # docs (reference/adapters.md, measured.md) state for this adapter on this command (0: bit-exact).
     resume_tolerance = 0.0
     # Folders of the trainer's own logs: each launch starts a log of its own there (LitGPT's CSV
     # logger a new version_N), which trainsup leaves as the trainer writes them.
@@ -213,10 +213,10 @@ class KohyaBed(Bed):
         return out / f"tiny-step{step:08d}-state"
 
     # The bed's command has no data-loader workers: sd-scripts fetches the resumed epoch's first batch
-    # before it sets the epoch (README: Resume; measured on this bed).
+    # before it sets the epoch (docs/guides/resume.md; measured on this bed).
     resume_tolerance = 1e-3
     # Resumed at the end of epoch 1 (step 8), its labels run 8 behind: trainsup's cadences and a
-    # relaunch at the end of epoch 2 (README: Resume) may cost a state or two.
+    # relaunch at the end of epoch 2 (docs/guides/resume.md) may cost a state or two.
     resumed_extra_states = 2
 
     def comparable(self, rel: str) -> str:

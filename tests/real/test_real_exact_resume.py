@@ -6,7 +6,7 @@ draw: between two saves, or inside a save. Then the output dir must list exactly
 names, the journal must count exactly the steps asked for, and every weights file must hold the
 reference's tensors: equal within float noise, with a data loader with workers (the behaviour suite,
 tests/behaviour, kills the bed's own command, without workers, at seeded steps: there the weights
-are within the residual the README states).
+are within the residual docs/guides/resume.md states).
 """
 
 from __future__ import annotations

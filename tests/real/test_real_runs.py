@@ -50,7 +50,7 @@ def test_a_frozen_trainer_is_a_hang_with_its_stacks_and_is_resumed(bed: Bed, tmp
     assert frozen and [f["class"] for f in run.of("fault")] == ["hang"]
     evidence = run.of("fault")[0]["evidence"]
     assert "innermost frames: pid" in evidence and "(train_network.py:" in (run.run_dir / "hang-1.txt").read_text()
-    start = run.of("attempt_start")[1]  # (then relaunched at the end of epoch 2: see Resume in the README)
+    start = run.of("attempt_start")[1]  # (then relaunched at the end of epoch 2: see docs/guides/resume.md)
     # the newest state at an epoch's end (8 steps an epoch), which trainsup keeps in its run dir
     assert (start["resume_from"], start["resume_step"]) == (str(run.run_dir / "saves" / "tiny-000001-state"), 8)
     assert run.of("finished")[0]["final_weights"] == str(out / "tiny.safetensors")

@@ -67,9 +67,9 @@ def test_the_exit_codes_are_trainsups_contract() -> None:
     assert container["command"][:3] == ["trainsup", "run", "--project"]
 
 
-def test_the_readme_table_names_every_code_once() -> None:
-    readme = (JOB.parents[2] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("### The exit-code contract", 1)[1].split("\n#", 1)[0]
+def test_the_docs_table_names_every_code_once() -> None:
+    page = (JOB.parents[2] / "docs" / "reference" / "exit-codes.md").read_text(encoding="utf-8")
+    section = page.split("## The exit-code contract", 1)[1].split("\n#", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| `") and line[3].isdigit()]
     named = [int(code) for row in rows for code in row.split("|")[1].replace("`", "").split(",")]
     assert sorted(named) == sorted(c.code for c in exitcodes.CODES)

@@ -1,5 +1,5 @@
 """Owns the exit-code contract of ``trainsup run`` as a scheduler sees it: each code, what it means,
-and whether running the job again can help. The README's table ("On a Slurm cluster"), the
+and whether running the job again can help. The docs' table (docs/reference/exit-codes.md), the
 Kubernetes example's ``podFailurePolicy`` (``deploy/kubernetes/job.yaml``, checked by a test) and
 the sbatch script's comment are read against these names, so a code is written down once here.
 

@@ -128,7 +128,7 @@ def script_text(project: Project, exec_argv: Sequence[str], log_dir: Path | None
         f"# is the batch shell (exec below), so Slurm's USR1, {opts.lead_s} s before the time limit, reaches",
         "# trainsup alone: it stops the trainer at a complete state and requeues this job (same id, log",
         f"# appended); the next run resumes. scancel and the time limit send SIGTERM: exit {SIGTERM}.",
-        f"# Exits {', '.join(map(str, NOT_RETRYABLE))} mean a rerun cannot help (README: On a Slurm cluster).",
+        f"# Exits {', '.join(map(str, NOT_RETRYABLE))} mean a rerun cannot help (docs/guides/slurm.md).",
         *(f"#SBATCH {line}" for line in ours),
     ]
     if user:

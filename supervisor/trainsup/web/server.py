@@ -130,7 +130,7 @@ def run_web(listen: str, state_arg: Path | None, projects: Path | None, named: S
     print(server.banner(), file=sys.stderr, flush=True)
     if not server.loopback:
         print("trainsup web: note: listening beyond loopback: the page is plain HTTP, so put it behind TLS "
-              "or reach it through `ssh -L` (see the README)", file=sys.stderr, flush=True)
+              "or reach it through `ssh -L` (see docs/guides/web.md)", file=sys.stderr, flush=True)
 
     def stop(_signum: int, _frame: object) -> None:
         server.close()  # only sets the flag: the loop ends within LOOP_S and closes everything itself

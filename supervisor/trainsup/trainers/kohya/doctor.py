@@ -38,7 +38,7 @@ def findings(view: CommandView, facts: DoctorFacts) -> list[Finding]:
 
 WORKERS_0_NOTE = ("--max_data_loader_n_workers 0: after a resume sd-scripts fetches the resumed epoch's first "
                   "batch before it sets the epoch, so a resumed run's weights differ slightly from an "
-                  "uninterrupted one's (steps and names stay true; see the README's Resume)")
+                  "uninterrupted one's (steps and names stay true; see docs/guides/resume.md)")
 
 
 def _exact_resume(view: CommandView) -> list[Finding]:
