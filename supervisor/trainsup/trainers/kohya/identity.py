@@ -16,7 +16,8 @@ from typing import Any
 from ...record.identity import files_summary
 from . import tomlio
 from .plan import LaunchPlan
-from .profile import parse_state_name, state_dir_names, weights_files_for
+from .profile import state_dir_names, weights_files_for
+from .states import state_dirs
 
 SHAPING = ("pretrained_model_name_or_path", "network_module", "network_dim", "network_alpha", "network_args",
            "network_weights", "optimizer_type", "optimizer_args", "learning_rate", "unet_lr", "text_encoder_lr",
@@ -62,16 +63,10 @@ def identity_fields(script: str, plan: LaunchPlan, cwd: Path, output_dir: Path |
 
 def outputs_under(output_dir: Path, output_name: str | None) -> list[Path]:
     """The weights files and state dirs in ``output_dir`` that carry this output name."""
-    weights = weights_files_for(output_name)
     step, epoch, final = state_dir_names(output_name)
-    names = {step, epoch, final[: -len("-state")]}
-    found = []
+    weights = weights_files_for(output_name)
     try:
-        entries = sorted(output_dir.iterdir())
+        files = [e for e in output_dir.iterdir() if weights.match(e.name)]
     except OSError:
         return []
-    for entry in entries:
-        parsed = parse_state_name(entry.name)
-        if weights.match(entry.name) or (parsed is not None and parsed[0] in names and entry.is_dir()):
-            found.append(entry)
-    return found
+    return sorted(files + state_dirs(output_dir, {step, epoch, final[: -len("-state")]}))

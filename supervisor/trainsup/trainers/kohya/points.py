@@ -24,7 +24,8 @@ from ...record.journal import Journal
 from ...record.ledger import AttemptRecord, Ledger, StateRecord, label_offset
 from ..ledgerstates import LedgerStates
 from .exact import AttemptSaves, attempt_saves, epoch_aligned, save_steps
-from .profile import final_weights_name, parse_state_name, save_names, state_dir_names, weights_files_for
+from .identity import outputs_under
+from .profile import final_weights_name, parse_state_name, save_names, state_dir_names
 from .publish import Publisher
 from .samples import SampleCadence, SampleShelf
 from .states import check_safetensors, check_state, state_dirs
@@ -55,6 +56,8 @@ def _written(state: Path) -> float:
 
 
 class ResumePoints(LedgerStates):
+    announce_on_claim = False  # said once published or hidden (``_settle``): where the state stays
+
     def __init__(self, ledger: Ledger, output_dir: Path, need_scaler: bool, journal: Journal,
                  say: Callable[[str], None], user_output_name: str | None = None,
                  cadence: Cadence | None = None, run_dir: Path | None = None,
@@ -202,6 +205,9 @@ class ResumePoints(LedgerStates):
             if state is not None:
                 recorded.append(state)
                 self._settle(state, parsed[1], parsed[2])
+                final_moves = parsed[1] == "final" and not self._own_name()  # publish_final moves it
+                self.announce(state, "the final save: published under your output name as the run ends"
+                              if final_moves else None)
         if self.samples is not None:
             self.samples.settle(self.output_name, self._offset(), ended=False)
         self._relaunch_when_due()
@@ -299,16 +305,9 @@ class ResumePoints(LedgerStates):
     # --- across attempts -------------------------------------------------------------------------
     def wrote_under(self, output_name: str | None) -> bool:
         """Whether this run already wrote weights or states under that output name."""
-        weights, names = weights_files_for(output_name), _names(output_name)
-        try:
-            entries = list(self.output_dir.iterdir())
-        except OSError:
-            return False
-        for entry in entries:
-            parsed = parse_state_name(entry.name)
-            ours = weights.match(entry.name) or (parsed is not None and parsed[0] in names)
+        for entry in outputs_under(self.output_dir, output_name):
             try:
-                if ours and entry.stat().st_mtime >= self.run_started:
+                if entry.stat().st_mtime >= self.run_started:
                     return True
             except OSError:
                 continue
