@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +23,12 @@ from trainsup.demo import envs as demo_envs
 
 ROOT = Path(__file__).resolve().parents[1]
 CHILDREN = Path(__file__).resolve().parent / "children"
+
+# Every supervisor registers its run dir in the box's index of runs (``record.runindex``): tests keep
+# theirs out of the user's (each test gets an index of its own below; this one is for session fixtures).
+_SESSION_INDEX = tempfile.mkdtemp(prefix="trainsup-test-runs-")
+atexit.register(shutil.rmtree, _SESSION_INDEX, True)
+os.environ["TRAINSUP_RUNS"] = _SESSION_INDEX
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.02,
@@ -86,6 +95,14 @@ def old_safetensors_python(old_safetensors_venv: Path, tmp_path: Path) -> str:
     copy = tmp_path / "venv041"
     shutil.copytree(old_safetensors_venv, copy, symlinks=True)
     return str(copy / "bin" / "python")
+
+
+@pytest.fixture(autouse=True)
+def runs_index(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The index of runs this test's supervisors register in (``$TRAINSUP_RUNS``), empty at its start."""
+    index = tmp_path_factory.mktemp("runs-index")
+    monkeypatch.setenv("TRAINSUP_RUNS", str(index))
+    return index
 
 
 @pytest.fixture(autouse=True)

@@ -72,4 +72,4 @@ def test_slurm_runs_the_script_trainsup_writes(slurm: dict[str, str], tmp_path: 
     assert "JobName=hello" in state and "Requeue=1" in state
     log = tmp_path / "runs" / "hello" / f"slurm-{job}.out"
     text = log.read_text(encoding="utf-8")
-    assert "hello from the job" in text and "state=finished" in text
+    assert "hello from the job" in text and "trainsup: training finished" in text

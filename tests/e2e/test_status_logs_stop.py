@@ -4,10 +4,13 @@ supervisor SIGKILLed), a corrupt status.json; plus the pure formatting helpers."
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +20,7 @@ import yaml
 
 from tests.conftest import ROOT, trainsup_cmd, wait_until
 from tests.e2e.demo_harness import FAST_POLICY, clean_env, cli, demo_argv, status_of
-from trainsup.commands.status import RunView, format_line
+from trainsup.commands.status import RunView, format_line, run_status
 from trainsup.record.textfmt import eta_seconds, format_duration
 
 
@@ -122,6 +125,45 @@ def test_a_running_project_shown_followed_and_stopped(assets: dict[str, Path], t
     again = cli("stop", str(run.run_dir), env=env)
     assert again.returncode == 0 and "nothing to stop" in again.stderr
     assert again.stdout.split()[1] == "stopped"
+
+
+def test_a_run_started_by_hand_is_listed_at_once_and_dropped_with_its_run_dir(
+        assets: dict[str, Path], tmp_path: Path, env: dict[str, str], runs_index: Path) -> None:
+    """`trainsup run -- ...` with no project: `trainsup status` with no argument lists it within 2 s of
+    its start (the supervisor registers its run dir in the box's index of runs as it begins)."""
+    started = time.monotonic()
+    run = Run(tmp_path, assets, env, steps=15)
+
+    def listed() -> list[dict[str, Any]]:
+        out, err = io.StringIO(), io.StringIO()
+        assert run_status([], as_json=True, env=env, out=out, err=err) == 0, err.getvalue()
+        return [e for e in json.loads(out.getvalue()) if e["run_dir"] == str(run.run_dir)]
+
+    try:
+        [entry] = wait_until(listed, timeout=30, interval=0.02, what="the run in `trainsup status`")  # type: ignore[misc]
+        seen_after = time.monotonic() - started
+        assert seen_after < 2.0, f"listed {seen_after:.2f} s after `trainsup run` started"
+        assert entry["state"] in ("starting", "running") and entry["name"] == str(run.run_dir)
+        run.wait_for_step(2)
+        text = cli("status", env=env)
+        [line] = [x for x in text.stdout.splitlines() if x.startswith(str(run.run_dir))]
+        assert line.split()[1] == "running" and f"pid {run.proc.pid}" in line, text.stdout
+        assert run.proc.wait(timeout=120) == 0
+    finally:
+        run.end()
+    assert [e["state"] for e in listed()] == ["finished"]  # a recent run stays listed once it ended
+    # --quiet: trainsup's own lines only, sentences with the facts, a progress line, one at each save
+    said = (tmp_path / "run.stderr").read_text().splitlines()
+    assert said and all(line.startswith("trainsup: ") for line in said), said
+    assert "trainsup: attempt 1 starts from the beginning" in said
+    assert any(line.startswith("trainsup: attempt 1: step ") and "/15" in line for line in said), said
+    saved = [line for line in said if " is saved (" in line]
+    assert saved and all(line.startswith("trainsup: step ") for line in saved), said
+    assert said[-1].startswith("trainsup: training finished: the final weights are ")
+    assert not any("None" in line or "=" in line.split(":", 1)[1].split("(")[0] for line in said), said
+    assert len(list(runs_index.iterdir())) == 1
+    shutil.rmtree(run.out)  # the run dir is gone: so is its entry
+    assert listed() == [] and list(runs_index.iterdir()) == []
 
 
 def test_logs_follow_a_restart_to_the_end_and_a_finished_run(assets: dict[str, Path], tmp_path: Path,

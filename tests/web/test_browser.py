@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import time
+from pathlib import Path
 from urllib.parse import quote
 
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
 
-from tests.conftest import wait_until
-from tests.e2e.demo_harness import cli, status_of
+from tests.conftest import ROOT, trainsup_cmd, wait_until
+from tests.e2e.demo_harness import cli, demo_argv, status_of
 from tests.web.conftest import OOM_AT, QUEUED_PROJECT, SAMPLE_EVERY, STEPS, Browser, DemoRun, Dirs
+from trainsup.web.runs import run_id as run_id_of
 
 STEP_TEXT = re.compile(rf"(\d+)/{STEPS}")
 
@@ -179,6 +183,35 @@ def test_the_queue_page_adds_an_entry_only_with_the_token(browser: Browser, dirs
     [queued] = json.loads(listed.stdout)
     assert (queued["id"], queued["project"], queued["state"]) == (entry_id, QUEUED_PROJECT, "queued"), queued
     browser.shot("queue")
+
+
+def test_a_run_started_by_hand_shows_on_the_open_page_without_a_restart(browser: Browser, dirs: Dirs,
+                                                                        assets: dict[str, Path]) -> None:
+    """A `trainsup run -- ...` that `trainsup web` was never told of (no project, no queue, not on its
+    command line) is on the open runs list within 2 s of its start: its supervisor registers its run dir
+    in the box's index of runs, which the page reads at each refresh."""
+    browser.open("/")
+    loaded = browser.loaded_at()
+    out = dirs.root / "out-by-hand"
+    env = {k: v for k, v in dirs.env.items() if k != "TRAINSUP_DEMO_SIMULATE"}  # a plain run, no fault
+    started = time.monotonic()
+    proc = subprocess.Popen(trainsup_cmd("run", "--quiet", "--", *demo_argv("train_network", assets, out, steps=8)),
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        row = f'table#runs tr.run[data-run="{run_id_of((out / ".trainsup").resolve())}"]'
+        wait_until(lambda: browser.all(row), timeout=30, interval=0.05, what="the hand-started run's row")
+        seen_after = time.monotonic() - started
+        assert seen_after < 2.0, f"on the page {seen_after:.2f} s after `trainsup run` started"
+        assert browser.loaded_at() == loaded, "the page reloaded"
+        browser.wait_text(f"{row} td.state", "running", exact=True, timeout=60)
+        browser.shot("runs-started-by-hand")
+        _, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err.decode(errors="replace")[-3000:]
+        browser.wait_text(f"{row} td.state", "finished", exact=True, timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 def test_stop_is_refused_without_the_token_and_stops_the_run_with_it(browser: Browser, run_id: str,

@@ -5,14 +5,21 @@ holds (the kernel drops it however the supervisor dies):
 
 - a live state (``starting``, ``running``, ``stopping``, ``remedying``, ``backoff``) under a free
   lock is ``lost``: the supervisor died without writing its end (SIGKILL, a reboot, an OOM kill);
-- a held lock whose snapshot was written before that supervisor took the lock is ``starting``: a new
-  ``trainsup run`` has not written its first snapshot yet, what the file says is an older run's;
+- a held lock whose snapshot was written before that supervisor took the lock, or that holds no
+  state yet, is ``starting``: a new ``trainsup run`` has not written its first state yet (what the file
+  says is an older run's);
+- an ended run is ``finished``, ``failed`` or ``stopped`` (``run.runstate.shown_state``: the words of
+  the page and the queue too; ``status.json`` keeps the supervisor's ``gave_up`` and exit code);
 - on shared storage, a live lease of a supervisor on another host (``record.lease``) stands for the
   lock, which that host's ``flock`` may not show here: the run is not ``lost``, and ``host`` names
   the owner (shown in the line as ``pid N on HOST``, since that pid is not this host's);
 - no ``status.json`` and nothing else in the run dir (or no run dir at all) is ``new``: never run;
 - a ``status.json`` that cannot be read or parsed, a project file that cannot be loaded, or a run
   dir with a journal but no snapshot is ``unknown``, with a ``reason``.
+
+With no argument: every project, every run of the box's index that no project names
+(``record.runindex``: each supervisor registers its run dir, so a ``trainsup run`` started by hand is
+listed at once; those written to in the last week), then the queue.
 
 The ETA is ``(total - step) / rate`` while ``running`` at a known rate. GPU memory is shown only for
 a live run: after the end, ``status.json`` keeps the last sample, which is history (``--json`` gives
@@ -30,11 +37,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..record.lease import OTHER_HOST, local_identity, origin, read_lease
+from ..record.runindex import RECENT_S, registered
 from ..record.runlock import Holder, holder
-from ..record.textfmt import eta_seconds, progress_parts
+from ..record.textfmt import eta_seconds, progress_parts, shown_path
+from ..run.runstate import shown_state
 from .runref import RefError, RunRef, attempt_logs, every_project, read_status, resolve
 
-__all__ = ["RunView", "format_line", "run_status", "view"]
+__all__ = ["RunView", "format_line", "registered_refs", "run_status", "view"]
 
 LIVE_STATES = frozenset({"starting", "running", "stopping", "remedying", "backoff"})
 EXIT_OK = 0
@@ -92,15 +101,18 @@ def view(ref: RunRef) -> RunView:
         out.state = "starting"  # the snapshot is an earlier run's: this supervisor has not written yet
         return out
     if not isinstance(state, str) or not state:
+        if lock is not None:
+            out.state = "starting"  # a live supervisor that has not written its first state yet
+            return out
         out.reason = f"{run_dir / 'status.json'} has no state"
         return out
-    out.state = state
+    out.exit_code = _int(data.get("exit_code"))
+    out.state = shown_state(state, out.exit_code)  # the words of the page and the queue
     out.attempt, out.step, out.total = _int(data.get("attempt")), _int(data.get("step")), _int(data.get("total"))
     out.loss, out.rate, out.updated = _number(data.get("loss")), _number(data.get("rate")), updated
     out.last_fault = data.get("last_fault") if isinstance(data.get("last_fault"), str) else None
     evidence = data.get("last_fault_evidence")
     out.last_fault_evidence = evidence.split("\n")[0].strip() if isinstance(evidence, str) and evidence else None
-    out.exit_code = _int(data.get("exit_code"))
     out.reason = data.get("reason") if isinstance(data.get("reason"), str) else None
     gpus = data.get("gpu")
     out.gpu = [g for g in gpus if isinstance(g, dict)] if isinstance(gpus, list) else None
@@ -185,9 +197,10 @@ def run_status(args: Sequence[str], *, as_json: bool, env: Mapping[str, str], ou
                 refs.append(RunRef(f"{found[1].id} {found[1].project}", Path(found[1].run_dir), None))
     else:
         folder, refs = every_project(env)
+        refs += registered_refs(refs, entries, env)
         if not refs and not entries and not as_json:
-            print(f"trainsup status: no projects in {folder} and no queue in {store.root}; "
-                  "name a run dir or a project file", file=err)
+            print(f"trainsup status: no runs started here in the last {RECENT_S / 86400:.0f} days, no projects in "
+                  f"{folder} and no queue in {store.root}; name a run dir or a project file", file=err)
     views = [view(ref) for ref in refs]
     if as_json:
         print(json.dumps([asdict(v) for v in views], default=_json_default), file=out)
@@ -198,6 +211,14 @@ def run_status(args: Sequence[str], *, as_json: bool, env: Mapping[str, str], ou
         if entries:
             print(queue_text(store, entries), file=out)
     return EXIT_OK
+
+
+def registered_refs(known: Sequence[RunRef], entries: Sequence[Any], env: Mapping[str, str]) -> list[RunRef]:
+    """The runs of the box's index (``record.runindex``: every supervisor registers its run dir) that
+    no project of ``known`` and no queue entry of ``entries`` names already, newest first."""
+    seen = {ref.run_dir.resolve() for ref in known if ref.run_dir is not None}
+    seen |= {Path(e.run_dir).resolve() for e in entries}
+    return [RunRef(shown_path(r.run_dir), r.run_dir) for r in registered(env) if r.run_dir not in seen]
 
 
 def _json_default(value: object) -> object:

@@ -11,8 +11,10 @@ the caller joins with its own separator. Both take the values as a status snapsh
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 
-__all__ = ["eta_seconds", "format_duration", "format_size", "progress_parts"]
+__all__ = ["eta_seconds", "format_duration", "format_size", "progress_parts", "shown_path"]
 
 
 def format_duration(seconds: float) -> str:
@@ -63,3 +65,21 @@ def progress_parts(step: object, total: object, loss: object, rate: object, *,
 
 def _number(value: object) -> int | float | None:
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def shown_path(path: str | Path, cwd: Path | None = None, home: Path | None = None) -> str:
+    """A path as a person reads it: relative to ``cwd`` when under it (``out/.trainsup``), else
+    under ``~`` when in the home directory (``~/lora/out``), else as it is."""
+    p = Path(path)
+    if not p.is_absolute():
+        return str(p)
+    try:
+        here = cwd if cwd is not None else Path.cwd()
+    except OSError:  # the working directory was removed
+        here = None
+    if here is not None and here != Path(here.anchor) and p.is_relative_to(here) and p != here:
+        return str(p.relative_to(here))
+    home = home if home is not None else Path(os.path.expanduser("~"))
+    if p.is_relative_to(home) and p != home and str(home) != "/":
+        return str(Path("~") / p.relative_to(home))
+    return str(p)

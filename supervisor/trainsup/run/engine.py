@@ -12,7 +12,6 @@ import math
 import os
 import queue
 import signal
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -25,6 +24,8 @@ from ..faults.userrules import compose_rules
 from ..record.journal import Journal, JournalListener
 from ..record.ledger import Ledger, StateRecord
 from ..record.progress import ProgressLog
+from ..record.runindex import Registrar
+from ..record.textfmt import shown_path
 from ..sensors import gpu
 from ..sensors.hang import HangClock
 from ..sensors.oomkills import NOT_FOR_MEMORY, killed_for_memory, oom_kills
@@ -33,6 +34,7 @@ from ..trainers.base import Plan, Setup, UsageError, rung_applies
 from ..trainers.registry import open_run
 from . import process, trainedwith
 from .attempt import AttemptHooks, AttemptResult, run_attempt, take_hang_stacks
+from .console import CONSOLE
 from .deadline import Deadline
 from .decide import EXIT_STOPPED, Decision, History, Outcome, decide, record, stops_at_once
 from .gpuguard import GpuGuard
@@ -44,11 +46,13 @@ from .remedy import Remedier
 from .rundir import HANDED_OVER_ENV, IdentityError, edited, find_home, record_identity, refusal
 from .runstate import RunState, check_transition
 from .sdnotify import Notifier, status_line
+from .sentences import end_sentence, fault_sentence, progress_sentence
 from .spec import CHILD_ENV_DEFAULTS, SUPERVISOR_ONLY_ENV, RunSpec
 from .takeover import forget_trainer, record_trainer, take_over
 
 STATUS_INTERVAL_S = 0.25
 STATES_INTERVAL_S = 0.5  # how often to look on disk for new states when the trainer does not announce them
+QUIET_PROGRESS_S = 60.0  # --quiet: a line on the progress this often (and one at each save)
 
 
 class Supervisor:
@@ -57,7 +61,8 @@ class Supervisor:
                  gpu_probe: Callable[[], gpu.GpuProbe] = gpu.probe,
                  notify_env: Mapping[str, str] = os.environ, listeners: Sequence[JournalListener] = ()) -> None:
         self.spec = spec
-        self.listeners = (*listeners, ProgressLog())  # hear the journal: notifications, metrics, the curve
+        # hear the journal: notifications, metrics, the curve, the box's index of runs (status, the page)
+        self.listeners = (*listeners, ProgressLog(), Registrar())
         self.policy = policy
         self.clock = clock
         self.spawn = spawn
@@ -69,6 +74,7 @@ class Supervisor:
         self.stop_signal: int | None = None
         self._status_written = float("-inf")
         self._states_looked = float("-inf")
+        self._progress_said = float("-inf")  # --quiet: when the last progress line was said
         self.rules = compose_rules(policy.rules)  # user rules first; an extended built-in replaced in place
         self._live = {r.id for r in self.rules if r.live}
         self.deadline = Deadline(policy.slurm, policy.stop_grace_s, clock, os.environ)  # cli's handler tells it
@@ -219,8 +225,8 @@ class Supervisor:
         self.journal.event("attempt_start", attempt=attempt, argv=argv,
                            resume_from=resume.dir if resume else None, resume_step=resume_step,
                            env=launch.env)
-        self.say(f"state=starting attempt={attempt} resume_from={resume.dir if resume else None} "
-                 f"step={resume_step}")
+        self.say(f"attempt {attempt} starts from step {resume_step} ({shown_path(resume.dir)})" if resume else
+                 f"attempt {attempt} starts from the beginning")
         self._status(state="running", attempt=attempt, step=resume_step,
                      total=t.total_steps, run_dir=str(self.run_dir))
         self._transition(RunState.RUNNING)
@@ -262,7 +268,7 @@ class Supervisor:
             self.journal.event("fault", **{"class": r.fault}, evidence=ev.line if ev else None,
                                line=ev.lineno if ev else None, attempt=attempt,
                                **({"gpu": gpu_at_oom} if gpu_at_oom is not None else {}))
-            self.say(f"fault={r.fault} attempt={attempt} evidence={ev.line.strip()[:200] if ev else None!r}")
+            self.say(fault_sentence(attempt, r, ev, self.run_dir / f"attempt-{attempt}.log"))
             self._status(last_fault=r.fault, last_fault_evidence=ev.line.strip()[:400] if ev else None)
         same = r.fault == "host_oom_killed" and killed_for_memory(self.oom_kills_at_launch, oom_kills()) is False
         if same:  # killed, but not for memory: nothing to remedy
@@ -295,6 +301,9 @@ class Supervisor:
         total = self.trainer.total_steps or progress.total
         step = min(self._absolute(progress.step), total or math.inf)  # stopped at the last, it may begin one more
         self._status(step=step, total=total, loss=loss, rate=progress.rate)
+        if not self.spec.echo and now - self._progress_said >= QUIET_PROGRESS_S:  # --quiet: the bar is not shown
+            self._progress_said = now
+            self.say(progress_sentence(self.attempt_no, int(step), total, progress.loss, progress.rate))
 
     def _absolute(self, step: int) -> int:
         """The true step of a step the trainer printed (kohya counts from its resume point)."""
@@ -334,7 +343,8 @@ class Supervisor:
             return
         if self.stop_at_checkpoint and new:
             self.stop_at_checkpoint = False
-            self.say(f"checkpoint {new[-1].dir} is complete: restarting from it to apply the scheduled change")
+            self.say(f"step {new[-1].step} is saved ({shown_path(new[-1].dir)}): restarting from it to apply "
+                     "the scheduled change")
             self.events.put(("stop_for_change", None))
 
     def _on_file_changed(self, change: tuple[Path, str]) -> None:
@@ -387,12 +397,13 @@ class Supervisor:
             self.journal.event("finished", reason=decision.reason, final_weights=final, attempt=attempt,
                                trained_with=trained_with)
             self.state = RunState.FINISHED
-            self.say(f"state=finished final_weights={final}")
+            self.say(f"training finished: the final weights are {shown_path(final)}" if final else
+                     "training finished (the trainer wrote no final weights trainsup knows of)")
         else:
             self.journal.event("gave_up", reason=decision.reason, exit_code=code, attempt=attempt,
                                trained_with=trained_with)
             self.state = RunState.GAVE_UP if decision.kind == "give_up" else RunState.STOPPED
-            self.say(f"state={self.state.value} exit={code} reason={decision.reason}")
+            self.say(end_sentence(self.state.value, code, decision.reason))
         self._status(state=self.state.value, exit_code=code, reason=decision.reason)
         self.notifier.stopping(f"{self.state.value}: {decision.reason}")
         self._close()
@@ -422,5 +433,5 @@ class Supervisor:
         self.notifier.status(status_line(self.journal.snapshot()))
 
     def say(self, message: str) -> None:
-        print(f"trainsup: {message}", file=sys.stderr, flush=True)
+        CONSOLE.say(f"trainsup: {message}")  # on a line of its own, never on the trainer's
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..record.journal import Journal
+from ..record.textfmt import shown_path
 from ..sensors.watch import FileWatcher
 from ..trainers.base import Plan, TrainerRun
 from ..trainers.edits import EditLog
@@ -70,5 +71,6 @@ class LiveControl:
         # What runs changes: from the next complete state, by a supervisor started on the new file.
         self.project_next = project
         self.edits.schedule(path, "at_checkpoint")
-        self.say(f"change_scheduled {path}: {', '.join(changed)} at the next checkpoint")
+        self.say(f"{shown_path(path)} changed ({', '.join(changed)}): the run restarts on it from the next "
+                 "checkpoint")
         return "command"

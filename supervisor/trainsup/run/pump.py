@@ -1,7 +1,8 @@
 """Owns moving a child's output: pipe -> attempt log + console, and chunks on to the parser.
 
-One reader thread per pipe takes large ``os.read`` chunks and writes them raw to the attempt log and
-the console before anything else, so the child never waits on trainsup's parsing. Parsing has a
+One reader thread per pipe takes large ``os.read`` chunks and writes them raw to the attempt log, then
+to the console (made readable for a person there: ``run.console``) before anything else, so the child
+never waits on trainsup's parsing. Parsing has a
 per-chunk line budget: when the child floods (a big chunk means the pipe filled up while we worked),
 only the newest lines of the chunk are parsed and the rest are counted as skipped. The log always
 gets every byte.
@@ -14,6 +15,8 @@ import threading
 import time
 from pathlib import Path
 from typing import IO, Protocol
+
+from .console import CONSOLE, Console
 
 READ_SIZE = 1 << 20
 COALESCE_BELOW = 64 * 1024
@@ -54,8 +57,9 @@ def _write_all(fd: int, data: bytes) -> None:
 
 class Pump(threading.Thread):
     def __init__(self, stream: str, pipe: IO[bytes], log: AttemptLog, console_fd: int | None,
-                 sink: ChunkSink) -> None:
+                 sink: ChunkSink, console: Console = CONSOLE) -> None:
         super().__init__(name=f"pump-{stream}", daemon=True)
+        self.console = console  # shows the chunk to a person (``run.console``): readable, never under trainsup's lines
         self.stream = stream
         self.fd = pipe.fileno()
         self.pipe = pipe
@@ -78,7 +82,7 @@ class Pump(threading.Thread):
                 self.log.write(chunk)
                 if self.console_fd is not None:
                     try:
-                        _write_all(self.console_fd, chunk)
+                        self.console.echo(self.console_fd, chunk)
                     except OSError:
                         self.console_errors += 1  # a closed console must not stop supervision
                 self.sink.feed(self.stream, chunk)
@@ -88,6 +92,11 @@ class Pump(threading.Thread):
                     # fill 1 MiB in that time at any realistic rate, so it never blocks on us.
                     time.sleep(COALESCE_S)
         finally:
+            if self.console_fd is not None:
+                try:
+                    self.console.end(self.console_fd)
+                except OSError:
+                    self.console_errors += 1
             self.sink.end(self.stream)
             try:
                 self.pipe.close()

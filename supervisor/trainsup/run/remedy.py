@@ -17,6 +17,7 @@ from ..trainers.base import Plan, TrainerRun
 from ..trainers.interpreter import run_upgrade, upgrade_command
 from .decide import EXIT_STOPPED, Decision, Outcome
 from .policy import Policy
+from .sentences import remedy_sentence
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,7 @@ class Remedier:
                 done.append(change)
         self.journal.event("remedy", **{"class": outcome.fault}, rung=decision.rung_index, actions=done,
                            delay_s=round(decision.delay_s, 3))
-        self.say(f"remedy class={outcome.fault} rung={decision.rung_index} actions={'; '.join(done)} "
-                 f"backoff={decision.delay_s:g}s")
+        self.say(remedy_sentence(outcome.fault or "unknown", decision.rung_index, done, attempt + 1, decision.delay_s))
         return Remedied(new, None, wait_foreign)
 
     def _upgrade(self, plan: Plan, spec: str, policy: Policy, attempt: int) -> Decision | None:

@@ -25,11 +25,12 @@ import psutil
 
 from ..record.runlock import holder
 from ..run.policy import EXIT_CODES_ENV
+from ..run.runstate import STOPPED_EXITS
 from .queuestore import Entry
 
 SYSTEMD_ONLY_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")  # the daemon's, not its runs'
 CREATE_SLACK_S = 2.0  # create_time and time.time() round differently
-EXIT_STOP_SIGNALS = (130, 143)  # trainsup run stopped by SIGINT / SIGTERM
+EXIT_STOP_SIGNALS = STOPPED_EXITS  # trainsup run stopped by SIGINT / SIGTERM / the deadline signal
 
 
 @dataclass(frozen=True)
@@ -145,9 +146,10 @@ def journal_ending(entry: Entry) -> Ending | None:
         elif kind == "gave_up":
             code = event.get("exit_code")
             reason = event.get("reason")
-            if evidence and reason:  # the trainer's own words say which file or flag
-                reason = f"{reason} ({evidence})"
-            ending = Ending(state_for(code, entry.stop_requested), code, reason)
+            state = state_for(code, entry.stop_requested)
+            if evidence and reason and state == "failed":  # the trainer's own words say which file or flag
+                reason = f"{reason} ({evidence})"  # (a stop's reason is the stop: an earlier fault is not it)
+            ending = Ending(state, code, reason)
     return ending
 
 

@@ -40,6 +40,7 @@ from typing import Any
 import yaml
 
 from ..record.fsutil import atomic_write_text
+from ..record.runindex import state_root
 from ..record.textfile import NotTextError, read_text
 from ..run.project import ProjectError, parse_project
 
@@ -60,12 +61,7 @@ class DuplicateEntry(QueueError):
 def state_dir(given: Path | None, env: Mapping[str, str] = os.environ) -> Path:
     if given is not None:
         return given.expanduser().absolute()
-    if env.get("TRAINSUP_STATE"):
-        return Path(env["TRAINSUP_STATE"]).expanduser().absolute()
-    if os.geteuid() == 0:
-        return Path("/var/lib/trainsup")
-    base = env.get("XDG_STATE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".local" / "state")
-    return Path(base) / "trainsup"
+    return state_root(env)  # the same default as the runs index beside it (``record.runindex``)
 
 
 @dataclass

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..record.journal import Journal
+from ..record.textfmt import shown_path
 
 
 @dataclass
@@ -21,8 +22,8 @@ class EditLog:
 
     def reject(self, path: Path, reason: str, line: int | None) -> Literal["none"]:
         self.journal.event("change_rejected", path=str(path), reason=reason, line=line)
-        where = f"{path}:{line}" if line else str(path)
-        self.say(f"change_rejected {where}: {reason}; the run continues unchanged")
+        where = f"{shown_path(path)}:{line}" if line else shown_path(path)
+        self.say(f"your edit of {where} is not applied: {reason}; the run continues unchanged")
         return "none"
 
     def schedule(self, path: Path, apply: str) -> None:
@@ -43,7 +44,7 @@ class EditLog:
         """A watched file was deleted: warn once (the run keeps its snapshot)."""
         if path not in self.deleted_warned:
             self.deleted_warned.add(path)
-            self.say(f"warning: {path} was deleted; the run keeps its snapshot")
+            self.say(f"warning: {shown_path(path)} was deleted; the run keeps its snapshot")
 
     def present(self, path: Path) -> None:
         self.deleted_warned.discard(path)

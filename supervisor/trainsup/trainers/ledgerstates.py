@@ -13,9 +13,14 @@ from pathlib import Path
 
 from ..record.journal import Journal
 from ..record.ledger import Ledger, StateRecord
+from ..record.textfmt import shown_path
 
 
 class LedgerStates:
+    # A claimed state is said at once, unless the adapter moves it just after (``announce`` then):
+    # a path on the console is never one about to move.
+    announce_on_claim = True
+
     def __init__(self, ledger: Ledger, journal: Journal, say: Callable[[str], None]) -> None:
         self.ledger, self.journal, self.say = ledger, journal, say
         self.attempt = 0
@@ -27,8 +32,14 @@ class LedgerStates:
         if state is not None:
             self.journal.event("state_saved", dir=state.dir, step=state.step, label=state.label,
                                attempt=self.attempt)
-            self.say(f"state_saved step={state.step} dir={state.dir}")
+            if self.announce_on_claim:
+                self.announce(state)
         return state
+
+    def announce(self, state: StateRecord, moves_later: str | None = None) -> None:
+        """``step 8 is saved (out/.trainsup/saves/x-000001-state)``: where it stays; a state that is
+        still to move (at the run's end) is said by its step and ``moves_later``, never its path."""
+        self.say(f"step {state.step} is saved ({moves_later or shown_path(state.dir)})")
 
     def steps_proven(self) -> int:
         """Steps this attempt trained, as its saved states prove them."""

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..record.journal import Journal
 from ..record.ledger import AttemptRecord, Ledger, StateRecord
+from ..record.textfmt import shown_path
 from .ledgerstates import LedgerStates
 
 Find = Callable[[], list[tuple[Path, int]]]
@@ -131,5 +132,6 @@ class StepStates(LedgerStates):
             self.ledger.mark_bad(target)
             moved.append(str(path))
             self.journal.event("state_set_aside", dir=str(path), step=s, to=str(target), attempt=attempt)
-            self.say(f"state_set_aside step={s} {path} -> {target} (a resume from step {step} would overwrite it)")
+            self.say(f"the state of step {s} is moved to {shown_path(target)}: a resume from step {step} would "
+                     "overwrite it")
         return moved

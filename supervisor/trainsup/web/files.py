@@ -6,8 +6,9 @@ that leads out and anything that is not a regular file are refused, and so is a 
 ``MAX_FILE``. Nothing here raises on a missing or unreadable file: it is reported as absent.
 
 The log tail reads the last ``TAIL_BYTES`` of the newest attempt logs (across attempts, oldest first),
-keeps what a terminal would show of a progress bar redrawn with ``\\r`` (its last state), and drops
-ANSI colour codes.
+keeps what a terminal would show of a progress bar redrawn with ``\\r`` (its last state), drops
+ANSI colour codes, and lays each line out for 100 columns as the console does (``record.readable``:
+a rich record's padding to the trainer's 250 collapsed; the log itself keeps every byte).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..commands.runref import attempt_logs
+from ..record.readable import readable_line
 
 MAX_FILE = 32 * 1024 * 1024
 TAIL_BYTES = 64 * 1024
@@ -158,7 +160,7 @@ def _tail(path: Path) -> list[str]:
         if "\r" in line:  # a bar redrawn in place: what the terminal shows last
             parts = [part for part in line.split("\r") if part.strip()]
             line = parts[-1] if parts else ""
-        shown.append(line)
+        shown.append(readable_line(line))  # as the console shows it: a 250-column layout read in 100
     while shown and not shown[-1].strip():
         shown.pop()
     return shown

@@ -1,10 +1,12 @@
 """Owns what the page says about runs: which runs it knows, and each one's row and detail.
 
 The runs are those ``trainsup status`` knows, and the same state judgement (``commands.status``): every
-project in the projects directory, every entry of the queue's state directory, and the run dirs
-named on the command line. One run dir is one run however many of these name it. A run's id in the
-page's URLs is a hash of its run dir (a project that cannot be loaded: of its file), so a bookmark
-keeps working while the list changes.
+project in the projects directory, every entry of the queue's state directory, the run dirs named on
+the command line, and every run of the box's index (``record.runindex``: each supervisor registers its
+run dir as it starts, so a ``trainsup run`` started by hand shows at the next refresh). One run dir
+is one run however many of these name it. A run's id in the page's URLs is a hash of its run dir (a
+project that cannot be loaded: of its file), so a bookmark keeps working while the list changes.
+States are worded as ``trainsup status`` and the queue word them (``run.runstate.shown_state``).
 
 The detail comes from the run's files through ``journals`` (incrementally) and ``files``: the curve,
 the fault -> remedy -> resume timeline, the samples with their true step, the log tail, and what the
@@ -27,15 +29,17 @@ from markupsafe import Markup
 
 from ..commands.runref import RefError, RunRef, every_project, resolve
 from ..commands.status import LIVE_STATES, RunView, view
+from ..record.runindex import registered
 from ..record.textfmt import format_duration, format_size
 from ..run import trainedwith
-from ..run.decide import EXIT_GAVE_UP
+from ..run.runstate import shown_state
 from ..service.queuestore import Entry, QueueStore
 from . import plots
 from .files import SampleFile, file_url, log_tail, sample_files
 from .journals import Records, RunRecords
 
 MIB = 1024 * 1024
+REGISTERED = "started on this box"  # a run found in the box's index of runs (``record.runindex``) only
 
 
 @dataclass
@@ -83,6 +87,8 @@ class Catalog:
             entries = []
         for entry in entries:
             add(RunRef(entry.project, Path(entry.run_dir), Path(entry.file)), f"queue {entry.id}", entry)
+        for registration in registered(self.env):  # every supervisor on the box, read anew each look
+            add(RunRef(str(registration.run_dir), registration.run_dir), REGISTERED)
         return list(found.values())
 
     def get(self, rid: str) -> KnownRun | None:
@@ -148,7 +154,7 @@ def row(catalog: Catalog, run: KnownRun) -> Row:
     if records is not None:
         with records.lock:
             project = (records.run_start or {}).get("project")
-            if "command line" in run.sources and isinstance(project, str) and project:
+            if ("command line" in run.sources or run.sources == [REGISTERED]) and isinstance(project, str) and project:
                 v.name = project  # a run dir typed on the command line says little; the page shows it apart
             for record in reversed(records.decisions):
                 if record.get("event") == "remedy":
@@ -210,7 +216,7 @@ class TrainedWith:
     """``trained-with.json`` (or the end record's ``trained_with``) as the page shows it."""
 
     changes: list[TrainedChange]
-    end: str  # finished | gave_up | stopped
+    end: str  # finished | failed | stopped (``run.runstate.shown_state``)
     ts: float | None
 
     @property
@@ -242,8 +248,9 @@ def trained_with(written: dict[str, Any] | None, ended: dict[str, Any] | None) -
     """The newer of ``trained-with.json`` and the last end record's field (the file may be missing, or
     older: a full disk at the end); None before any end of a trainsup that records it."""
     if ended is not None:
+        code = ended.get("exit_code")
         end = "finished" if ended.get("event") == "finished" else \
-            "gave_up" if ended.get("exit_code") == EXIT_GAVE_UP else "stopped"
+            shown_state("stopped", code if isinstance(code, int) else None)
         from_end = {"end": end, "ts": ended.get("ts"), "changes": ended["trained_with"]}
         if written is None or _float(from_end["ts"]) > _float(written.get("ts")):
             written = from_end
@@ -261,7 +268,8 @@ def trained_with(written: dict[str, Any] | None, ended: dict[str, Any] | None) -
         evidence = why.get("evidence")
         changes.append(TrainedChange(str(c.get("change")), span, str(why.get("class") or "unknown fault"),
                                      str(evidence) if evidence else None))
-    return TrainedWith(changes, str(written.get("end") or "ended"), _float(written.get("ts")) or None)
+    end = str(written.get("end") or "ended")
+    return TrainedWith(changes, "failed" if end == "gave_up" else end, _float(written.get("ts")) or None)
 
 
 def _float(value: Any) -> float:
@@ -443,7 +451,11 @@ def _words(kind: str, d: dict[str, Any]) -> tuple[str, str | None]:
         return f"{label} for {d.get('class')}: {actions or 'restart as it was'}", d.get("reason")
     if kind == "environment_upgrade":
         return f"{label}: {d.get('spec')} (exit {d.get('exit_code')})", d.get("python")
-    if kind in ("finished", "gave_up"):
+    if kind == "gave_up":  # every end but a finish: failed or stopped, as the status and the queue say
+        code, reason = d.get("exit_code"), str(d.get("reason") or "no reason recorded")
+        shown = shown_state("stopped", code if isinstance(code, int) else None)
+        return (reason if reason.startswith("stopped") else f"{shown}: {reason}"), None
+    if kind == "finished":
         return f"{label}: {d.get('reason')}", d.get("final_weights")
     if kind == "segment_relaunch":  # sd-scripts: a planned stop, so that its saves need no every-step cadence
         return f"{label} (step {d.get('step')})", d.get("why")

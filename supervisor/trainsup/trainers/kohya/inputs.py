@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ...record.journal import Journal
+from ...record.textfmt import shown_path
 from ...sensors.watch import FileWatcher
 from ..base import EditAction, Inputs, Plan, Settings
 from ..edits import EditLog
@@ -135,7 +136,8 @@ class KohyaInputs(Inputs):
         self.manifest.save()
         if moved:
             self.journal.event("cache_invalidated", files=moved, attempt=attempt)
-            self.say(f"cache_invalidated files={len(moved)} (moved to {self.run_dir / 'invalidated'})")
+            self.say(f"{len(moved)} cached file(s) no longer match their images or settings: moved to "
+                     f"{shown_path(self.run_dir / 'invalidated')}; the trainer caches them again")
         self.edits.launched(attempt)
 
     # --- edits -----------------------------------------------------------------------------------
@@ -168,10 +170,10 @@ class KohyaInputs(Inputs):
             return self.edits.reject(path, exc.reason, exc.line)
         mode = self.settings.on_prompt_change
         if not self.settings.snapshot_prompts:
-            self.say(f"{path} changed; live.snapshot_prompts=false: the trainer reads it directly")
+            self.say(f"{shown_path(path)} changed; live.snapshot_prompts=false: the trainer reads it directly")
             return "none"
         if mode == "ignore":
-            self.say(f"{path} changed; on_prompt_change=ignore keeps the current prompts")
+            self.say(f"{shown_path(path)} changed; on_prompt_change=ignore keeps the current prompts")
             return "none"
         self.prompt_bytes = raw
         if not self.te_cached and self.snapshot is not None and self.prompt_bytes is not None:
@@ -179,9 +181,11 @@ class KohyaInputs(Inputs):
             tmp.write_bytes(self.prompt_bytes)
             tmp.replace(self.snapshot)  # the trainer re-reads the file at each sampling: swap it whole
             self.edits.applied_now(path, self.attempt)
+            self.say(f"{shown_path(path)} edited: the next samples use the new prompts")
             return "none"
         self.edits.schedule(path, mode)
-        self.say(f"change_scheduled {path}: prompts are cached by the trainer; applying {mode}")
+        when = "now (the trainer restarts from its last save)" if mode == "now" else "from the next checkpoint"
+        self.say(f"{shown_path(path)} edited: the trainer caches its prompts, so the new ones apply {when}")
         return "now" if mode == "now" else "at_checkpoint"
 
     def _config_changed(self, path: Path, dataset: bool) -> EditAction:
@@ -206,5 +210,6 @@ class KohyaInputs(Inputs):
         else:
             self.config_doc = new
         self.edits.schedule(path, "at_checkpoint")
-        self.say(f"change_scheduled {path}: {', '.join(changed) or 'layout'} at the next checkpoint")
+        self.say(f"{shown_path(path)} edited ({', '.join(changed) or 'layout only'}): applied from the next "
+                 "checkpoint")
         return "at_checkpoint"

@@ -28,6 +28,7 @@ from pathlib import Path
 from ...record.fsutil import link_or_copy, move_into
 from ...record.journal import Journal
 from ...record.ledger import Ledger, StateRecord
+from ...record.textfmt import shown_path
 from ..stepstates import StepStates, newest_mtime
 from .methods import Method
 
@@ -174,7 +175,7 @@ class LitStates(StepStates):
             self.say(f"warning: cannot publish {src} to {dst}: {exc.strerror or exc}; the final weights are in {src}")
             return str(src)
         self.journal.event("final_published", src=str(src), dst=str(dst))
-        self.say(f"final_published {src} -> {dst}")
+        self.say(f"the final weights are published at {shown_path(dst)} (from {shown_path(src)})")
         return str(dst)
 
 

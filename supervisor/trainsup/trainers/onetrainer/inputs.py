@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ...record.journal import Journal
+from ...record.textfmt import shown_path
 from ...sensors.watch import FileWatcher
 from ..base import EditAction, Inputs, Plan
 from ..edits import EditLog
@@ -122,7 +123,7 @@ class OTInputs(Inputs):
             self.accepted[path] = raw
             what = "content"
         self.edits.schedule(path, "at_checkpoint")
-        self.say(f"change_scheduled {path}: {what} at the next backup")
+        self.say(f"{shown_path(path)} changed ({what}): applied from the next backup")
         return "at_checkpoint"
 
 

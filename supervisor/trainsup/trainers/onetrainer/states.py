@@ -23,11 +23,14 @@ from pathlib import Path
 from ...record.fsutil import move_into
 from ...record.journal import Journal
 from ...record.ledger import Ledger, StateRecord
+from ...record.textfmt import shown_path
 from ..stepstates import StepStates, newest_mtime
 from .backups import backup_problem, parse_name
 
 
 class OTStates(StepStates):
+    announce_on_claim = False  # said after a second backup is hidden (``collect``): where the state stays
+
     def __init__(self, ledger: Ledger, journal: Journal, say: Callable[[str], None], workspace: Path,
                  output: Path | None, epochs: Callable[[], int | None], lora: bool,
                  saved_seen: Callable[[], bool], allowed: Callable[[StateRecord], bool], run_dir: Path) -> None:
@@ -58,6 +61,8 @@ class OTStates(StepStates):
         for state in recorded:
             if self._repeats_resume_origin(state):
                 self._hide(state)
+            else:
+                self.announce(state)
         return recorded
 
     def _repeats_resume_origin(self, state: StateRecord) -> bool:
@@ -73,7 +78,8 @@ class OTStates(StepStates):
         self.ledger.moved(path, target)
         self.journal.event("save_hidden", dir=str(path), to=str(target), step=state.step,
                            why="OneTrainer backs up the step it resumed from again, under a new time")
-        self.say(f"save_hidden {path} -> {target} (a second backup of step {state.step})")
+        self.say(f"step {state.step} is saved again (OneTrainer backs up the step it resumed from once more); "
+                 f"this copy is kept out of sight in {shown_path(target)}")
 
     def _check(self, path: Path) -> str:
         key = _stamp(path)
@@ -136,7 +142,7 @@ class OTStates(StepStates):
         self.ledger.mark_bad(target)
         self.journal.event("state_set_aside", dir=str(path), step=step, to=str(target), attempt=attempt,
                            reason=why)
-        self.say(f"state_set_aside {path} -> {target} ({why})")
+        self.say(f"{shown_path(path)} is moved to {shown_path(target)} ({why})")
         return str(path)
 
     def _final(self) -> Path | None:
