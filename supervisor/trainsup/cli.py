@@ -8,7 +8,8 @@ The policy's ``exit_codes:`` remaps 3, 4, 130, 143 and 138 (``_run``'s end, ``co
 ``trainsup diagnose``: 0 every log classified; 2 an input could not be read (or bad options);
 141 its reader went away (``| head``).
 ``trainsup doctor``: 0 no findings; 1 warnings only; 2 blockers (or bad usage).
-``trainsup demo``: 0 every run finished; 2 its directory cannot be used; 3 a run did not finish.
+``trainsup demo``: 0 every run finished; 2 its directory cannot be used (``--keep``: one that is not
+empty and is no earlier demo's); 3 a run did not finish.
 ``trainsup status``: 0 every run reported (whatever its state); 2 an argument names no run dir or project.
 ``trainsup logs``: 0 printed (with ``-f``: until the run ended); 1 no such log (never launched, no
 attempt N, unreadable); 2 no such run; 130 interrupted (quietly); 141 its reader went away.
@@ -18,8 +19,9 @@ within ``--timeout``, or its pid could not be signalled); 2 no such run.
 project file, a different file of that name already installed, or a file that cannot be written.
 ``trainsup serve``: 0 stopped by SIGTERM/SIGINT (running entries requeued); 2 bad usage, the state
 directory cannot be used, or another daemon holds it.
-``trainsup queue``: 0 done; 1 refused (removing or moving a running entry); 2 bad usage, no such
-entry, an invalid project file, or a state directory that cannot be used.
+``trainsup queue``: 0 done; 1 refused (removing or moving a running entry, retrying one that did not
+fail or stop); 2 bad usage, no such entry, an invalid project file, a project ``trainsup doctor`` finds
+would fail at its start (``add``/``retry`` without ``--force``), or a state directory that cannot be used.
 ``trainsup stop ID`` (a queue entry): 0 stopped, or it was not running; 1 still running.
 ``trainsup web``: 0 stopped by SIGTERM/SIGINT; 2 bad usage, an address that cannot be listened on, or a
 token file that cannot be kept.
@@ -67,36 +69,45 @@ def _parser() -> argparse.ArgumentParser:
     start.add_argument("--resume", action="store_true", help="resume this run, or fail when nothing of it is there")
     run.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
     diag = sub.add_parser("diagnose", help="classify saved training logs offline and say what run would change",
-                          usage='trainsup diagnose [--json] [--command "..."] [--policy FILE] LOG...')
+                          usage='trainsup diagnose [--json] [--command "..."] [--policy FILE] LOG|RUN_DIR...')
     diag.add_argument("--json", action="store_true", help="one JSON object per line per log")
     diag.add_argument("--command", help="the training command the logs came from, to print it corrected")
     diag.add_argument("--policy", type=Path, help="YAML policy whose user rules are applied first")
-    diag.add_argument("logs", nargs="+", metavar="LOG", help="log files; - reads stdin")
+    diag.add_argument("logs", nargs="+", metavar="LOG|RUN_DIR", help="log files (- reads stdin), or a run dir (or "
+                      "output dir): its attempt logs in order, each with what the run then did, from its journal")
     doctor = sub.add_parser("doctor", help="check a training command and its environment before running it",
-                            usage="trainsup doctor [--json] -- COMMAND...")
+                            usage="trainsup doctor [--json] -- COMMAND...\n"
+                                  "       trainsup doctor [--json] --project NAME_OR_FILE")
     doctor.add_argument("--json", action="store_true", help="one JSON object with every finding")
+    doctor.add_argument("--project", metavar="NAME_OR_FILE", help="check a project file's command, from its "
+                        "directory with its environment and trainer (a name is looked up in the projects directory)")
     doctor.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
     status = sub.add_parser("status", help="show where runs stand (every project when none is named)",
                             usage="trainsup status [--json] [--state DIR] [PROJECT|RUN_DIR|ID ...]")
     status.add_argument("--json", action="store_true", help="one JSON array, an object per run")
     status.add_argument("--state", type=Path, metavar="DIR",
                         help="the queue's state directory, whose queue is shown too (default: trainsup serve's)")
-    status.add_argument("runs", nargs="*", metavar="PROJECT|RUN_DIR|ID")
+    status.add_argument("runs", nargs="*", metavar="PROJECT|RUN_DIR|ID",
+                        help="a project (name or file), a run dir (or the output dir holding it), or a queue entry's "
+                             "id; none: every run started on this box in the last week, every project and the queue")
     logs = sub.add_parser("logs", help="print a run's trainer log, or follow it",
                           usage="trainsup logs [-f] [--attempt N] [--state DIR] PROJECT|RUN_DIR|ID")
     logs.add_argument("-f", "--follow", action="store_true",
                       help="keep printing as the run goes, through later attempts, until it ends")
     logs.add_argument("--attempt", type=_ATTEMPT, metavar="N", help="attempt N's log (default: the newest)")
     logs.add_argument("--state", type=Path, metavar="DIR", help="the queue's state directory, for an entry ID")
-    logs.add_argument("run", metavar="PROJECT|RUN_DIR|ID")
+    logs.add_argument("run", metavar="PROJECT|RUN_DIR|ID",
+                      help="a project (name or file), a run dir (or the output dir holding it), or a queue entry's id")
     stop = sub.add_parser("stop", help="ask a run's supervisor (or a queue entry) to stop, and wait until it has",
                           usage="trainsup stop [--timeout S] [--state DIR] PROJECT|RUN_DIR|ID")
     stop.add_argument("--state", type=Path, metavar="DIR", help="the queue's state directory, for an entry ID")
     stop.add_argument("--timeout", type=seconds, default=120.0, metavar="S",
                       help="how long to wait for it (default 120 s; it waits stop.grace_s for the trainer)")
-    stop.add_argument("run", metavar="PROJECT|RUN_DIR|ID")
+    stop.add_argument("run", metavar="PROJECT|RUN_DIR|ID",
+                      help="a project (name or file), a run dir (or the output dir holding it), or a queue entry's id")
     serve = sub.add_parser("serve", help="the box's daemon: work through the queue of projects",
-                           usage="trainsup serve [--state DIR] [--slots N] [--policy FILE]")
+                           usage="trainsup serve [--state DIR] [--slots N] [--min-free-mib MIB] [--policy FILE] "
+                                 "[--web ADDR]")
     serve.add_argument("--state", type=Path, metavar="DIR", help="the queue's state directory (default: "
                        "$TRAINSUP_STATE, else /var/lib/trainsup for root, else ~/.local/state/trainsup)")
     serve.add_argument("--slots", type=_COUNT, metavar="N",
@@ -119,19 +130,27 @@ def _parser() -> argparse.ArgumentParser:
     queue = sub.add_parser("queue", help="add, list, reorder and pause the entries trainsup serve runs")
     queue_sub = queue.add_subparsers(dest="queue_verb", required=True)
     q_add = queue_sub.add_parser("add", help="queue a project (a name or a file); prints the entry's id",
-                                 usage="trainsup queue add [--state DIR] [--gpus LIST] [--priority P] PROJECT")
+                                 usage="trainsup queue add [--state DIR] [--gpus LIST] [--priority P] [--force] "
+                                       "PROJECT")
     q_add.add_argument("--gpus", metavar="LIST", help="run it on these GPUs (indices or UUIDs, comma-separated)")
     q_add.add_argument("--priority", type=int, default=0, metavar="P", help="higher starts first (default 0)")
-    q_add.add_argument("project", metavar="PROJECT")
-    q_list = queue_sub.add_parser("list", help="every entry and how it stands",
+    q_add.add_argument("--force", action="store_true", help="queue it even when trainsup doctor finds that it "
+                       "would fail at its start (its blockers are said as warnings)")
+    q_add.add_argument("project", metavar="PROJECT", help="a project name (in the projects directory) or file; "
+                       "trainsup doctor checks it first")
+    q_retry = queue_sub.add_parser("retry", help="queue a failed or stopped entry again, as a new entry that resumes it",
+                                   usage="trainsup queue retry [--state DIR] [--force] ID")
+    q_retry.add_argument("--force", action="store_true", help="queue it even when trainsup doctor finds blockers")
+    q_retry.add_argument("id", metavar="ID", help="the ended entry (its project file is read again, as it is now)")
+    q_list = queue_sub.add_parser("list", help="every entry and how it stands, when it started and ended",
                                   usage="trainsup queue list [--state DIR] [--json]")
     q_list.add_argument("--json", action="store_true", help="one JSON array, an object per entry")
     q_remove = queue_sub.add_parser("remove", help="take a waiting or ended entry off the queue",
                                     usage="trainsup queue remove [--state DIR] ID")
-    q_remove.add_argument("id", metavar="ID")
+    q_remove.add_argument("id", metavar="ID", help="the entry's id (q1, q2, ...)")
     q_move = queue_sub.add_parser("move", help="put a queued entry at another place",
                                   usage="trainsup queue move [--state DIR] ID --to POS")
-    q_move.add_argument("id", metavar="ID")
+    q_move.add_argument("id", metavar="ID", help="the entry's id (q1, q2, ...)")
     q_move.add_argument("--to", type=_COUNT, required=True, metavar="POS", help="1 is next to start")
     queue_sub.add_parser("pause", help="start nothing new; running entries finish",
                          usage="trainsup queue pause [--state DIR]")
@@ -162,9 +181,22 @@ def _parser() -> argparse.ArgumentParser:
     slurm.add_argument("--submit", action="store_true", help="then submit it with sbatch")
     slurm.add_argument("project", metavar="PROJECT", help="a project name or file, as for run --project")
     demo = sub.add_parser("demo", help="run the built-in demo: four real faults, detected and recovered")
-    demo.add_argument("--keep", type=Path, help="keep the demo's files in this directory")
+    demo.add_argument("--keep", type=Path, metavar="DIR", help="keep the demo's files in this directory (a new or "
+                      "empty one, or an earlier demo's, whose runs are replaced)")
     demo.add_argument("--verbose", action="store_true", help="show the trainer's own output")
     return parser
+
+
+def _verb_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the verb (and sub-verb) given: an error says that verb's usage, not trainsup's."""
+    found = parser
+    for dest in ("verb", "queue_verb", "service_verb"):
+        name = getattr(args, dest, None)
+        subs = [a for a in found._actions if isinstance(a, argparse._SubParsersAction)]
+        if name is None or not subs or name not in subs[0].choices:
+            break
+        found = subs[0].choices[name]
+    return found
 
 
 EXIT_INTERNAL = 70  # EX_SOFTWARE
@@ -192,8 +224,8 @@ def _main(argv: list[str] | None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if args.verb == "slurm":
         return _slurm(args, unknown)
-    if unknown:  # as parse_args says it
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if unknown:  # as parse_args says it, with the verb's own usage
+        _verb_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.verb == "run":
         return _run(args, argv)
     if args.verb in ("diagnose", "doctor"):
@@ -227,7 +259,8 @@ def _main(argv: list[str] | None) -> int:
         return run_queue(args.queue_verb, state=args.state, env=os.environ, out=sys.stdout, err=sys.stderr,
                          project=getattr(args, "project", None), gpus=getattr(args, "gpus", None),
                          priority=getattr(args, "priority", 0), entry_id=getattr(args, "id", None),
-                         to=getattr(args, "to", None), as_json=getattr(args, "json", False))
+                         to=getattr(args, "to", None), as_json=getattr(args, "json", False),
+                         force=getattr(args, "force", False))
     if args.verb == "demo":
         from .demo.story import run_demo
 
@@ -286,6 +319,20 @@ def _report(args: argparse.Namespace) -> int:
                             out=sys.stdout, err=sys.stderr)
     from .commands.doctor import run_doctor
 
+    if args.project is not None:
+        from .run.project import ProjectError, find_project, load_project
+
+        if [a for a in args.command if a != "--"]:
+            print("trainsup doctor: error: --project takes the command from the project file; give no command "
+                  "after --", file=sys.stderr)
+            return 2
+        try:
+            project = load_project(find_project(args.project))
+        except ProjectError as exc:
+            print(f"trainsup doctor: error: {exc}", file=sys.stderr)
+            return 2
+        return run_doctor(list(project.command), as_json=args.json, cwd=project.cwd, env=dict(os.environ),
+                          out=sys.stdout, project=project)
     command = _training_command(args, "doctor")
     if command is None:
         return 2

@@ -184,4 +184,5 @@ def test_the_comment_names_the_contracts_codes(project: Path) -> None:
 def test_other_verbs_still_refuse_unknown_arguments() -> None:
     done = subprocess.run([sys.executable, "-m", "trainsup.cli", "status", "--bogus"], capture_output=True,
                           text=True, check=False)
-    assert done.returncode == 2 and done.stderr.splitlines()[-1] == "trainsup: error: unrecognized arguments: --bogus"
+    # the verb's own usage and name
+    assert done.returncode == 2 and done.stderr.splitlines()[-1] == "trainsup status: error: unrecognized arguments: --bogus"

@@ -10,6 +10,11 @@ A clean log is a classification too: no fault.  A log that failed with no rule m
 ``unknown``, and says how: the exception line or signal death it ends with, else (a launcher's
 failure report, a traceback cut above its exception) its last lines.  Unreadable input (missing, a directory, no permission) is reported on one line naming
 the file; the other files are still classified.
+
+A run dir (or an output dir whose ``.trainsup`` is one) stands for its attempt logs, in the order they
+ran. For a log in a run dir, the journal beside it says what the run then did (``journaled_remedy``:
+the remedy it applied, a later rung for a later attempt), which is shown instead of what a first
+attempt "would" get.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ from ..trainers.registry import family_rules, open_run
 
 _ATTEMPT_LOG = re.compile(r"^attempt-(\d+)\.log$")
 
-__all__ = ["Diagnosis", "diagnose_path", "diagnose_scan", "plan_remedy", "run_diagnose"]
+__all__ = ["Diagnosis", "diagnose_path", "diagnose_scan", "expand_paths", "journaled_remedy", "plan_remedy",
+           "run_diagnose"]
 
 EXIT_OK = 0
 EXIT_UNREADABLE = 2
@@ -60,10 +66,13 @@ class Diagnosis:
     command_source: str | None = None  # "log" or "--command"
     notes: list[str] = field(default_factory=list)
     success: bool = False
+    applied: str | None = None  # what the run did after this attempt, from the journal beside the log
 
     def as_json(self) -> dict[str, object]:
         out: dict[str, object] = {"file": self.file, "fault": self.fault, "evidence": self.evidence,
                                   "line": self.line, "explanation": self.explanation, "remedy": self.remedy}
+        if self.applied is not None:
+            out["applied"] = self.applied
         if self.command is not None:
             out["command"] = self.command
             out["command_source"] = self.command_source
@@ -183,6 +192,38 @@ def journaled_ending(path: Path) -> tuple[str, str] | None:
     return fault["class"], f"(the run's journal: attempt {attempt} ended by {how})"
 
 
+def journaled_remedy(path: Path) -> str | None:
+    """For a run dir's ``attempt-N.log``: what the run did after attempt N, from ``events.jsonl``
+    beside it (the remedy it applied, and the attempt it launched; or how the run ended). A later
+    attempt's remedy is a later rung of the ladder: only the journal knows which one ran."""
+    m = _ATTEMPT_LOG.match(path.name)
+    if m is None:
+        return None
+    attempt = int(m.group(1))
+    try:
+        events = read_events(path.parent)
+    except (OSError, ValueError):
+        return None
+    ended = next((i for i, e in enumerate(events) if e.get("event") == "attempt_end" and e.get("attempt") == attempt),
+                 None)
+    if ended is None:
+        return None
+    for e in events[ended + 1:]:
+        kind = e.get("event")
+        if kind == "remedy":
+            actions = "; ".join(str(a) for a in e.get("actions") or []) or "the same command again"
+            rung = e.get("rung")
+            which = f"remedy {rung + 1} for {e.get('class')}" if isinstance(rung, int) else f"the {e.get('class')} remedy"
+            return f"{actions} ({which}), then attempt {attempt + 1}"
+        if kind == "attempt_start":
+            return f"attempt {e.get('attempt')} started with no remedy (an edit or a planned relaunch)"
+        if kind == "finished":
+            return f"nothing more: the run finished ({e.get('reason')})"
+        if kind == "gave_up":
+            return f"nothing more: the run ended, exit {e.get('exit_code')} ({e.get('reason')})"
+    return None
+
+
 def diagnose_scan(name: str, scan: LogScan, rules: Sequence[FaultRule] = BUILTIN_RULES,
                   command: list[str] | None = None, allow_upgrade: bool = True,
                   journaled: tuple[str, str] | None = None) -> Diagnosis:
@@ -241,7 +282,28 @@ def diagnose_path(path: str, rules: Sequence[FaultRule], command: list[str] | No
     """Diagnose a file, or stdin for ``-``.  Raises OSError when the input cannot be read."""
     if path == "-":
         return diagnose_scan("-", scan_log(sys.stdin.buffer, rules), rules, command, allow_upgrade)
-    return diagnose_scan(path, scan_file(path, rules), rules, command, allow_upgrade, journaled_ending(Path(path)))
+    diagnosis = diagnose_scan(path, scan_file(path, rules), rules, command, allow_upgrade, journaled_ending(Path(path)))
+    if diagnosis.fault is not None:
+        diagnosis.applied = journaled_remedy(Path(path))
+    return diagnosis
+
+
+def expand_paths(paths: Sequence[str]) -> list[str]:
+    """The logs to read: a run dir (or an output dir with its ``.trainsup``) stands for its attempt
+    logs, in the order they ran; anything else is read as given (a directory then fails as one)."""
+    out: list[str] = []
+    for given in paths:
+        folder = Path(given)
+        if given == "-" or not folder.is_dir():
+            out.append(given)
+            continue
+        run_dir = folder if any(folder.glob("attempt-*.log")) else folder / ".trainsup"
+        numbered = [(int(m.group(1)), p) for p in run_dir.glob("attempt-*.log") if (m := _ATTEMPT_LOG.match(p.name))]
+        if numbered:
+            out.extend(str(p) for _, p in sorted(numbered))
+        else:
+            out.append(given)
+    return out
 
 
 def format_text(d: Diagnosis) -> str:
@@ -257,7 +319,10 @@ def format_text(d: Diagnosis) -> str:
         out.extend(f"            {row.strip()}" for row in rows[1:])
     if d.explanation:
         out.append(f"  why: {d.explanation}")
-    out.append(f"  trainsup run would: {'; '.join(d.remedy)}")
+    if d.applied is not None:  # the run's journal says what it did: a later attempt's rung is not the first
+        out.append(f"  the run applied: {d.applied}")
+    else:
+        out.append(f"  trainsup run would: {'; '.join(d.remedy)}")
     if d.command is not None and d.command_changed:
         out.append(f"  corrected command: {d.command}")
     out.extend(f"  note: {n}" for n in d.notes)
@@ -288,7 +353,7 @@ def run_diagnose(paths: Sequence[str], *, as_json: bool, command: str | None, po
             return EXIT_UNREADABLE
     code = EXIT_OK
     printed = False
-    for path in paths:
+    for path in expand_paths(paths):
         try:
             diagnosis = diagnose_path(path, rules, argv, loaded.allow_upgrade)
         except OSError as exc:

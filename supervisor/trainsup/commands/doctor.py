@@ -19,9 +19,10 @@ import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from ..record.textfmt import format_size
+from ..run.project import Project
 from ..sensors import gpu
 from ..sensors.gpuwatch import visible_devices
 from ..trainers.base import DoctorFacts, Finding, Setup, Severity, TrainerRun, UsageError
@@ -29,7 +30,7 @@ from ..trainers.cmdline import TrainerCommand, find_script
 from ..trainers.interpreter import Probe, probe_versions
 from ..trainers.registry import open_run
 
-__all__ = ["Report", "doctor", "format_text", "run_doctor"]
+__all__ = ["Report", "blocker_lines", "doctor", "doctor_project", "format_text", "run_doctor"]
 
 GIB = 1 << 30
 STATES_WANTED = 3
@@ -159,10 +160,12 @@ def _gpus(make_probe: Callable[[], gpu.GpuProbe], env: Mapping[str, str]) -> lis
 def doctor(argv: list[str], cwd: Path, env: Mapping[str, str], *,
            gpu_probe: Callable[[], gpu.GpuProbe] = gpu.probe,
            probe: Callable[..., Probe] = probe_versions,
-           disk_free: Callable[[Path], int] = _disk_free) -> Report:
-    """Every finding for this command, as the trainer would be started from ``cwd`` with ``env``."""
+           disk_free: Callable[[Path], int] = _disk_free,
+           trainer: str | Mapping[str, Any] | None = None) -> Report:
+    """Every finding for this command, as the trainer would be started from ``cwd`` with ``env``
+    (``trainer``: a project's adapter name or ``trainer:`` section)."""
     try:
-        run = open_run(Setup(tuple(argv), cwd, as_given=True))
+        run = open_run(Setup(tuple(argv), cwd, as_given=True), trainer)
     except UsageError as exc:
         return Report([Finding("blocker", "command", str(exc), "give the full training command after --")])
     python, versions, findings = _interpreter(run, list(argv), env, probe)
@@ -186,8 +189,20 @@ def format_text(report: Report) -> str:
     return "\n".join(lines)
 
 
-def run_doctor(argv: list[str], *, as_json: bool, cwd: Path, env: Mapping[str, str], out: TextIO) -> int:
+def doctor_project(project: Project, env: Mapping[str, str], **seams: Any) -> Report:
+    """The findings for a project file's command, as ``trainsup run --project`` would start it: from
+    its ``cwd``, with its environment, through its adapter."""
+    return doctor(list(project.command), project.cwd, project.child_env(env), trainer=project.trainer, **seams)
+
+
+def blocker_lines(report: Report) -> list[str]:
+    """Each blocker as one line: its message (which names the flag and the file) and the fix."""
+    return [f"{f.message} (fix: {f.fix})" if f.fix else f.message for f in report.findings if f.severity == "blocker"]
+
+
+def run_doctor(argv: list[str], *, as_json: bool, cwd: Path, env: Mapping[str, str], out: TextIO,
+               project: Project | None = None) -> int:
     """The verb: 0 no findings, 1 warnings only, 2 blockers."""
-    report = doctor(argv, cwd, env)
+    report = doctor_project(project, env) if project is not None else doctor(argv, cwd, env)
     print(json.dumps(report.as_json(), ensure_ascii=False) if as_json else format_text(report), file=out)
     return report.exit_code

@@ -19,7 +19,8 @@ from typing import TextIO
 import psutil
 
 from ..record.runlock import Holder
-from ..run.project import ProjectError, find_project
+from ..record.textfmt import format_duration
+from ..run.project import Project, ProjectError, find_project, load_project
 from ..service.control import ask
 from ..service.daemon import status_text
 from ..service.entryproc import live_supervisor
@@ -33,6 +34,7 @@ from ..service.queuestore import (
     queued_positions,
     state_dir,
 )
+from .doctor import Report, blocker_lines, doctor_project
 from .pidcheck import check_supervisor
 
 EXIT_OK = 0
@@ -40,9 +42,17 @@ EXIT_REFUSED = 1  # e.g. removing a running entry
 EXIT_USAGE = 2
 
 
+class NotReady(QueueError):
+    """The project would fail at its start (the doctor's blockers): refused without ``--force``."""
+
+
+Check = Callable[[Project, Mapping[str, str]], Report]
+
+
 def run_queue(verb: str, *, state: Path | None, env: Mapping[str, str], out: TextIO, err: TextIO,
               project: str | None = None, gpus: str | None = None, priority: int = 0,
-              entry_id: str | None = None, to: int | None = None, as_json: bool = False) -> int:
+              entry_id: str | None = None, to: int | None = None, as_json: bool = False,
+              force: bool = False, check: Check = doctor_project) -> int:
     store = QueueStore(state_dir(state, env))
     try:
         if verb == "add":
@@ -51,9 +61,20 @@ def run_queue(verb: str, *, state: Path | None, env: Mapping[str, str], out: Tex
                 path = find_project(project, env)
             except ProjectError as exc:
                 raise QueueError(str(exc)) from None
+            _checked(path, env, force, check, err)
             named = [g.strip() for g in gpus.split(",") if g.strip()] if gpus else None
             entry = store.add(path, named, priority)
             print(entry.id, file=out)
+            _wake(store, err)
+            return EXIT_OK
+        if verb == "retry":
+            assert entry_id is not None
+            old, path = store.retry_source(entry_id)
+            _checked(path, env, force, check, err)
+            entry = store.retry(entry_id)
+            print(entry.id, file=out)
+            print(f"trainsup queue: {entry.id} runs {old.project} again ({old.id} {old.state}; from "
+                  f"{path}); it resumes from the last state saved in {entry.run_dir}", file=err)
             _wake(store, err)
             return EXIT_OK
         if verb == "list":
@@ -79,13 +100,34 @@ def run_queue(verb: str, *, state: Path | None, env: Mapping[str, str], out: Tex
             return EXIT_OK
     except QueueError as exc:
         print(f"trainsup queue: error: {exc}", file=err)
-        if isinstance(exc, DuplicateEntry):
+        if isinstance(exc, (DuplicateEntry, NotReady)):
             return EXIT_USAGE
-        return EXIT_REFUSED if "is running" in str(exc) or "only queued" in str(exc) else EXIT_USAGE
+        refused = ("is running", "only queued", "only a failed or stopped")
+        return EXIT_REFUSED if any(why in str(exc) for why in refused) else EXIT_USAGE
     except OSError as exc:
         print(f"trainsup queue: error: cannot use the state directory {store.root}: {exc.strerror or exc}", file=err)
         return EXIT_USAGE
     return EXIT_USAGE
+
+
+def _checked(path: Path, env: Mapping[str, str], force: bool, check: Check, err: TextIO) -> None:
+    """Run the adapter's doctor on the project file: its blockers refuse it (``NotReady``, naming each
+    finding's flag and file), unless ``force``; its warnings are said."""
+    try:
+        project = load_project(path)
+    except ProjectError as exc:
+        raise QueueError(str(exc)) from None
+    report = check(project, env)
+    blockers = blocker_lines(report)
+    if blockers and not force:
+        raise NotReady(f"{project.name} would fail at its start: {'; '.join(blockers)}; fix {path}, or queue it "
+                       "anyway with --force")
+    for line in blockers:
+        print(f"trainsup queue: warning: queued anyway (--force), though it would fail at its start: {line}",
+              file=err)
+    for finding in report.findings:
+        if finding.severity == "warning":
+            print(f"trainsup queue: warning: {finding.message}", file=err)
 
 
 def _wake(store: QueueStore, err: TextIO) -> None:
@@ -98,29 +140,63 @@ def _list(store: QueueStore, as_json: bool, out: TextIO) -> None:
     entries = store.entries()
     places = queued_positions(entries)
     if as_json:
-        print(json.dumps([e.public(places.get(e.id)) for e in entries]), file=out)
+        now = time.time()
+        print(json.dumps([{**e.public(places.get(e.id)), "duration_s": _rounded(duration_s(e, now))}
+                          for e in entries]), file=out)
         return
     print(queue_text(store, entries), file=out)
 
 
-def queue_text(store: QueueStore, entries: Sequence[Entry]) -> str:
-    """The queue as ``trainsup status`` and ``queue list`` show it."""
+def queue_text(store: QueueStore, entries: Sequence[Entry], now: float | None = None) -> str:
+    """The queue as ``trainsup status`` and ``queue list`` show it: a header, then a table of the
+    entries with when each started and ended, how long it took (so far), its exit code and why."""
+    now = time.time() if now is None else now
     places = queued_positions(list(entries))
     lines = [f"queue {store.root}: {status_text(counts(list(entries)), store.paused())}"]
+    if not entries:
+        return lines[0]
+    rows = [["id", "state", "#", "project", "started", "ended", "took", "exit", "reason"]]
     for e in entries:
-        where = f"#{places[e.id]}" if e.id in places else ""
-        bits = [f"{e.id:<5} {e.state:<9} {where:<4} {e.project}"]
-        if e.priority:
-            bits.append(f"priority={e.priority}")
+        extra = [f"priority {e.priority}"] if e.priority else []
         if e.assigned_gpus or e.gpus:
-            bits.append(f"gpus={','.join(e.assigned_gpus or e.gpus or [])}")
-        if e.state in ENDED:
-            bits.append(f"exit={e.exit_code}")
-        if e.reason:
-            bits.append(f"reason={e.reason}")
-        bits.append(f"run_dir={e.run_dir}")
-        lines.append("  " + "  ".join(bits))
+            extra.append(f"gpus {','.join(e.assigned_gpus or e.gpus or [])}")
+        reason = e.reason or ""
+        if extra:
+            reason = f"{reason} ({', '.join(extra)})" if reason else ", ".join(extra)
+        rows.append([e.id, e.state, str(places.get(e.id, "")), e.project, *entry_times(e, now),
+                     "" if e.exit_code is None else str(e.exit_code), reason])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for r in rows:
+        lines.append(("  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=False)) + "  " + r[-1]).rstrip())
     return "\n".join(lines)
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def _when(ts: float | None) -> str:
+    return time.strftime("%m-%d %H:%M", time.localtime(ts)) if ts else "–"
+
+
+def duration_s(entry: Entry, now: float) -> float | None:
+    """How long the entry ran (so far, while it runs); None before it started."""
+    if not entry.started:
+        return None
+    end = entry.ended if entry.ended and entry.state in ENDED else now
+    return max(0.0, end - entry.started)
+
+
+def entry_times(entry: Entry, now: float) -> tuple[str, str, str]:
+    """When the entry started and ended, and how long it took (so far): as ``queue list`` shows them."""
+    return _when(entry.started), _when(entry.ended), _took(entry, now)
+
+
+def _took(entry: Entry, now: float) -> str:
+    took = duration_s(entry, now)
+    if took is None:
+        return "–"
+    return format_duration(took) + ("…" if entry.state == "running" else "")
 
 
 def find_entry(arg: str, env: Mapping[str, str], state: Path | None = None) -> tuple[QueueStore, Entry] | None:

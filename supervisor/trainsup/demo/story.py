@@ -137,12 +137,44 @@ def _tell(events: list[dict[str, Any]], rc: int) -> None:
         print(f"  ended     exit {rc}: {end.get('reason')}")
 
 
+MARKER = ".trainsup-demo"  # a directory holding it is a demo's: a later demo may replace its runs
+
+
+def earlier_demo(base: Path) -> bool:
+    """Whether ``base`` holds an earlier demo (its marker, or an older demo's assets and policies)."""
+    return (base / MARKER).is_file() or ((base / "assets" / "model.safetensors").is_file()
+                                         and (base / "policy1.yaml").is_file())
+
+
+def keep_dir(base: Path) -> str | None:
+    """Make ``base`` ready for the demo's files; why it cannot be used (a directory that is not empty
+    and is no earlier demo's: the demo would write five runs and a venv among someone's files)."""
+    if base.exists() and not base.is_dir():
+        return f"--keep {base}: not a directory"
+    if base.is_dir() and any(base.iterdir()):
+        if not earlier_demo(base):
+            return (f"--keep {base}: the directory is not empty and holds no earlier demo; give a new or empty "
+                    "directory (the demo writes five runs and a venv there)")
+        for old in [*base.glob("run[0-9]*"), *base.glob("policy[0-9]*.yaml")]:  # the earlier demo's runs
+            if old.is_dir():
+                shutil.rmtree(old)
+            else:
+                old.unlink()
+    base.mkdir(parents=True, exist_ok=True)
+    (base / MARKER).write_text("trainsup demo: the runs here are replaced by the next `trainsup demo --keep`\n",
+                               encoding="utf-8")
+    return None
+
+
 def run_demo(keep: Path | None = None, verbose: bool = False) -> int:
     """Run every scenario; 0 when all finished, 3 when one did not, 2 when the demo's directory
     cannot be used, 130 when interrupted (each supervised run stops its trainer first)."""
     try:
         base = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="trainsup-demo-"))
-        base.mkdir(parents=True, exist_ok=True)
+        refused = keep_dir(base)
+        if refused is not None:
+            print(f"trainsup: error: demo: {refused}", file=sys.stderr)
+            return 2
         print(f"trainsup demo: assets and runs in {base}")
         assets = make_assets(base / "assets")
         return _run_scenarios(base, assets, verbose)

@@ -95,6 +95,9 @@ def find_project(name_or_file: str, env: Mapping[str, str] = os.environ) -> Path
             candidate = folder / f"{name_or_file}{suffix}"
             if candidate.suffix in SUFFIXES and candidate.is_file():
                 return candidate.resolve()
+        if given.suffix in SUFFIXES:  # a file name: looked for here, then in the projects directory
+            raise ProjectError(f"no project {name_or_file!r}: neither {given.absolute()} nor {folder / name_or_file} "
+                               "exists")
         raise ProjectError(f"no project {name_or_file!r}: neither a file nor {folder / name_or_file}.yaml")
     raise ProjectError(f"no project file {name_or_file}")
 

@@ -44,7 +44,7 @@ from ..record.runindex import state_root
 from ..record.textfile import NotTextError, read_text
 from ..run.project import ProjectError, parse_project
 
-STATES = ("queued", "running", "finished", "failed", "stopped")
+STATES = ("queued", "running", "finished", "failed", "stopped")  # the ended ones as ``run.runstate.shown_state``
 ENDED = frozenset({"finished", "failed", "stopped"})
 ACTIVE = frozenset({"queued", "running"})
 _ID = re.compile(r"q([0-9]+)")
@@ -86,6 +86,7 @@ class Entry:
     assigned_gpus: list[str] | None = None
     launches: int = 0  # how many supervisors were started for it (a dead one's run is resumed)
     stop_requested: bool = False
+    retry_of: str | None = None  # ``queue retry``: the ended entry this one runs again
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -243,6 +244,26 @@ class QueueStore:
     def _note_seq(self, seq: int) -> None:
         if seq > self._counted():
             atomic_write_text(self.seq_file, f"{seq}\n")
+
+    def retry_source(self, entry_id: str) -> tuple[Entry, Path]:
+        """The ended entry to run again and the project file to queue for it: the file it was queued
+        from as it is now (fixed since, as a rule), else the entry's own copy when that file is gone."""
+        entry = self.get(entry_id)
+        if entry.state not in ("failed", "stopped"):
+            then = {"finished": "it finished: its weights are there", "queued": "it is queued already",
+                    "running": "it is running"}.get(entry.state, f"it is {entry.state}")
+            raise QueueError(f"{entry_id}: only a failed or stopped entry is retried; {then}")
+        source = Path(entry.source)
+        return entry, source if source.is_file() else Path(entry.file)
+
+    def retry(self, entry_id: str, clock: Any = time.time) -> Entry:
+        """Queue a failed or stopped entry again as a new entry (ids are never reused, and the ended
+        entry stays as the record of what happened), with its GPUs and priority. Its run dir is the
+        same, so the new run resumes from the last state the old one saved."""
+        old, path = self.retry_source(entry_id)
+        entry = self.add(path, old.gpus, old.priority, clock)
+        with self.locked():
+            return self.update(entry.id, retry_of=old.id)
 
     def remove(self, entry_id: str) -> Entry:
         """Take a waiting or ended entry off the queue (its run dir and weights stay where they are)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import re
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,7 +32,7 @@ from flask import (
 from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response as BaseResponse
 
-from ..commands.queue import run_queue, stop_entry
+from ..commands.queue import entry_times, run_queue, stop_entry
 from ..commands.stop import run_stop
 from ..service.queuestore import ENDED, QueueError, QueueStore, counts, queued_positions
 from .auth import COOKIE, Guard
@@ -150,8 +151,10 @@ def create_app(catalog: Catalog, guard: Guard, store: QueueStore, env: Mapping[s
         except OSError as exc:
             return {"entries": [], "places": {}, "paused": False, "counts": {},
                     "problem": f"cannot read the queue in {store.root}: {exc.strerror or exc}"}
+        now = time.time()
         return {"entries": entries, "places": queued_positions(entries), "paused": paused,
                 "counts": counts(entries), "problem": None, "root": store.root,
+                "times": {e.id: entry_times(e, now) for e in entries},  # started, ended, took (as queue list)
                 "ids": {e.id: r.id for r in catalog.runs() if (e := r.entry) is not None}}
 
     @app.get("/queue")
