@@ -144,3 +144,17 @@ def test_the_pages_log_pane_reads_as_the_console(tmp_path: Path) -> None:
     (tmp_path / "attempt-1.log").write_text(raw)
     assert [line for _, line in log_tail(tmp_path)][-2:] == [
         raw.split(" INFO")[0] + " INFO     model saved.  train_network.py:1234", "steps:  20%|██        | 2/10"]
+
+
+def test_the_pages_timeline_says_an_end_in_the_same_words_and_a_skipped_rung_whole() -> None:
+    from trainsup.web.runs import timeline
+
+    items = timeline([
+        {"event": "remedy_skipped", "class": "cuda_oom", "actions": "set PYTORCH_CUDA_ALLOC_CONF=x", "ts": 1.0},
+        {"event": "remedy", "class": "cuda_oom", "actions": ["add --gradient_checkpointing"], "ts": 2.0},
+        {"event": "gave_up", "reason": "stopped by SIGTERM", "exit_code": 143, "ts": 3.0},
+        {"event": "gave_up", "reason": "restart budget spent", "exit_code": 3, "ts": 4.0},
+        {"event": "gave_up", "reason": "config_error: no such file", "exit_code": 4, "ts": 5.0}])
+    assert [i.text for i in items] == [
+        "remedy skipped for cuda_oom: set PYTORCH_CUDA_ALLOC_CONF=x", "remedy for cuda_oom: add --gradient_checkpointing",
+        "stopped by SIGTERM", "failed: restart budget spent", "failed: config_error: no such file"]

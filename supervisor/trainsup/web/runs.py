@@ -447,7 +447,8 @@ def _words(kind: str, d: dict[str, Any]) -> tuple[str, str | None]:
     if kind in ("fault", "fault_live"):
         return f"{label}: {d.get('class')}", d.get("evidence")
     if kind in ("remedy", "remedy_skipped"):
-        actions = "; ".join(str(a) for a in d.get("actions") or [])
+        given = d.get("actions") or []  # a list of changes; a skipped rung's description is one string
+        actions = given if isinstance(given, str) else "; ".join(str(a) for a in given)
         return f"{label} for {d.get('class')}: {actions or 'restart as it was'}", d.get("reason")
     if kind == "environment_upgrade":
         return f"{label}: {d.get('spec')} (exit {d.get('exit_code')})", d.get("python")
