@@ -158,3 +158,29 @@ def test_the_pages_timeline_says_an_end_in_the_same_words_and_a_skipped_rung_who
     assert [i.text for i in items] == [
         "remedy skipped for cuda_oom: set PYTORCH_CUDA_ALLOC_CONF=x", "remedy for cuda_oom: add --gradient_checkpointing",
         "stopped by SIGTERM", "failed: restart budget spent", "failed: config_error: no such file"]
+
+
+def test_a_failed_runs_row_says_the_file_its_line_names_and_the_queues_words(tmp_path: Path) -> None:
+    import json as json_
+
+    from trainsup.record.journal import Journal
+    from trainsup.service.queuestore import QueueStore
+    from trainsup.web.app import create_app
+    from trainsup.web.auth import Guard, load_token
+    from trainsup.web.runs import Catalog
+
+    run_dir = tmp_path / "out" / ".trainsup"
+    run_dir.mkdir(parents=True)
+    journal = Journal(run_dir)
+    journal.status(state="stopped", exit_code=4, reason="config_error: the command or its files are wrong",
+                   last_fault="config_error", last_fault_evidence="FileNotFoundError: /m/no-such-model.safetensors")
+    journal.close()
+    assert json_.loads((run_dir / "status.json").read_text())["state"] == "stopped"  # the supervisor's own word
+    state = tmp_path / "state"
+    token, _ = load_token(state)
+    store = QueueStore(state)
+    client = create_app(Catalog({"TRAINSUP_PROJECTS": str(tmp_path / "p")}, store, [run_dir]),
+                        Guard(token, "127.0.0.1", 8470), store, {}).test_client()
+    page = client.get("/part/runs", headers={"Host": "127.0.0.1:8470"}).get_data(as_text=True)
+    assert '<span class="pill failed">failed</span>' in page
+    assert "config_error: the command or its files are wrong (FileNotFoundError: /m/no-such-model.safetensors)" in page
