@@ -27,6 +27,9 @@ __all__ = ["DEFAULT_WIDTH", "Readable", "readable_line", "shorten_bar"]
 
 DEFAULT_WIDTH = 100  # what the page's log pane and a console that is no terminal are read in
 MIN_BAR = 10
+# A line longer than this was laid out for no console (a dump, a flood): shown as it came, so that the
+# echo stays linear in what the trainer writes (the pump reads the pipe only as fast as it echoes).
+LONGEST_LAID_OUT = 4096
 _SOURCE_COLUMN = re.compile(r"(?P<head>.*?\S)?(?P<pad> {3,})(?P<source>[\w.\-<>]+\.py:\d+)[ \t]*\Z")
 _MAYBE_SOURCE = re.compile(r" {3,}[\w.\-<>:]*[ \t]*\Z")
 _BAR = re.compile(r"(?P<pct>\d+%)\|(?P<bar>[ #0-9▏▎▍▌▋▊▉█]{11,})\|")
@@ -52,7 +55,7 @@ def shorten_bar(segment: str, width: int) -> str:
 def readable_line(line: str, width: int = DEFAULT_WIDTH, *, continued: bool = False) -> str:
     """One line (no line end) as shown: the source column's padding collapsed, trailing blanks
     dropped, a too-wide bar shortened. ``continued``: the start of this line was shown already."""
-    found = _SOURCE_COLUMN.match(line)
+    found = _SOURCE_COLUMN.match(line) if len(line) <= LONGEST_LAID_OUT else None
     if found is not None and (found.group("head") is not None or continued):
         line = (found.group("head") or "") + "  " + found.group("source")
     return shorten_bar(line.rstrip(" \t"), width)
@@ -84,7 +87,8 @@ class Readable:
             start = found.end()
         tail = text[start:]
         if tail:
-            column = _MAYBE_SOURCE.search(tail)  # padding, and what may yet become ``name.py:123``
+            end = max(0, len(tail) - LONGEST_LAID_OUT)
+            column = _MAYBE_SOURCE.search(tail, end)  # padding, and what may yet become ``name.py:123``
             shown = tail[:column.start()] if column is not None else tail.rstrip(" \t")
             self._held = tail[len(shown):]
             if shown:
