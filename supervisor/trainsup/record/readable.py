@@ -87,8 +87,8 @@ class Readable:
             start = found.end()
         tail = text[start:]
         if tail:
-            end = max(0, len(tail) - LONGEST_LAID_OUT)
-            column = _MAYBE_SOURCE.search(tail, end)  # padding, and what may yet become ``name.py:123``
+            from_at = max(0, len(tail) - LONGEST_LAID_OUT)
+            column = _MAYBE_SOURCE.search(tail, from_at)  # padding, and what may yet become ``name.py:123``
             shown = tail[:column.start()] if column is not None else tail.rstrip(" \t")
             self._held = tail[len(shown):]
             if shown:
