@@ -27,11 +27,13 @@ ENV_SAMPLE_SECONDS = "TRAINSUP_DEMO_SAMPLE_SECONDS"
 ENV_SAVE_SECONDS = "TRAINSUP_DEMO_SAVE_SECONDS"
 
 DEVICE_MISMATCH_MESSAGE = "Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!"
-# torch >= 2.4 wording (torch.OutOfMemoryError, expandable_segments hint)
+# torch >= 2.4 wording (torch.OutOfMemoryError, expandable_segments hint). Fragmented on purpose: the
+# memory reserved but unallocated with the free memory would hold the request, so the OOM ladder's
+# first rung (the allocator setting) is worth an attempt, as the demo shows it.
 CUDA_OOM_MESSAGE = (
     "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 23.68 GiB of which "
     "1.05 GiB is free. Including non-PyTorch memory, this process has 22.61 GiB memory in use. Of the "
-    "allocated memory 21.40 GiB is allocated by PyTorch, and 812.00 MiB is reserved by PyTorch but "
+    "allocated memory 20.20 GiB is allocated by PyTorch, and 2.41 GiB is reserved by PyTorch but "
     "unallocated. If reserved but unallocated memory is large try setting "
     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for "
     "Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
