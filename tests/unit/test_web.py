@@ -344,3 +344,14 @@ def test_true_named_samples_show_at_their_step_and_a_relaunch_on_the_timeline(si
     assert 'data-step="8"' in text  # its name's step, nothing added
     assert 'data-step="9"' in text  # an attempt's own name: the step the run had reached at its time
     assert re.search(r'data-event="segment_relaunch".*?step 8.*?8 step saves for 2', text, re.DOTALL)
+
+
+def test_a_planned_stop_reads_as_trainsup_s_not_as_a_signal() -> None:
+    """A finished run's last attempt, stopped by trainsup once the last step was saved, never reads
+    `ended: signal 15` on the timeline; a trainer killed by a signal still does."""
+    from trainsup.web.runs import _words
+
+    planned, _ = _words("attempt_end", {"attempt": 2, "signal": 15, "step": 60, "planned_stop": "run_complete"})
+    assert planned == "attempt 2 ended: stopped by trainsup once the last step was saved, at step 60"
+    killed, _ = _words("attempt_end", {"attempt": 1, "signal": 9, "step": 12, "planned_stop": None})
+    assert killed == "attempt 1 ended: signal 9, at step 12"

@@ -262,7 +262,9 @@ class Supervisor:
         self.journal.event("attempt_end", attempt=attempt, exit_code=r.exit_code, signal=r.signal,
                            child_status=r.obs.child_status, child_signal=r.obs.child_signal,
                            uptime_s=round(r.uptime_s, 3), steps_trained=trained,
-                           step=self.resume_step + trained, skipped_lines=r.obs.skipped_lines, gpu=peaks)
+                           step=self.resume_step + trained, skipped_lines=r.obs.skipped_lines, gpu=peaks,
+                           planned_stop="run_complete" if r.completed else "relaunch" if r.stopped_for_change
+                           else None)  # trainsup stopped it on purpose: its signal is no fault
         gpu_at_oom, foreign_mib = self.gpu.oom_details() if r.fault == "cuda_oom" else (None, 0)
         if r.fault is not None:
             self.journal.event("fault", **{"class": r.fault}, evidence=ev.line if ev else None,

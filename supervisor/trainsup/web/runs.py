@@ -442,7 +442,9 @@ def _words(kind: str, d: dict[str, Any]) -> tuple[str, str | None]:
         where = f"resuming from step {d.get('resume_step')}" if d.get("resume_from") else "from the beginning"
         return f"attempt {d.get('attempt')} {label}, {where}", d.get("resume_from")
     if kind == "attempt_end":
-        how = f"signal {d.get('signal')}" if d.get("signal") else f"exit {d.get('exit_code')}"
+        planned = {"run_complete": "stopped by trainsup once the last step was saved",
+                   "relaunch": "stopped by trainsup to relaunch from a complete state"}.get(str(d.get("planned_stop")))
+        how = planned or (f"signal {d.get('signal')}" if d.get("signal") else f"exit {d.get('exit_code')}")
         return f"attempt {d.get('attempt')} {label}: {how}, at step {d.get('step')}", None
     if kind in ("fault", "fault_live"):
         return f"{label}: {d.get('class')}", d.get("evidence")
