@@ -38,9 +38,12 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from . import __version__
+
+if TYPE_CHECKING:
+    from .run.project import Project
 from .commands.argtypes import at_least_one, seconds
 
 _COUNT, _ATTEMPT = at_least_one(), at_least_one("an attempt number")
@@ -320,16 +323,8 @@ def _report(args: argparse.Namespace) -> int:
     from .commands.doctor import run_doctor
 
     if args.project is not None:
-        from .run.project import ProjectError, find_project, load_project
-
-        if [a for a in args.command if a != "--"]:
-            print("trainsup doctor: error: --project takes the command from the project file; give no command "
-                  "after --", file=sys.stderr)
-            return 2
-        try:
-            project = load_project(find_project(args.project))
-        except ProjectError as exc:
-            print(f"trainsup doctor: error: {exc}", file=sys.stderr)
+        project = _project_of(args, "doctor", "the command", [a for a in args.command if a != "--"])
+        if project is None:
             return 2
         return run_doctor(list(project.command), as_json=args.json, cwd=project.cwd, env=dict(os.environ),
                           out=sys.stdout, project=project)
@@ -373,22 +368,32 @@ def _training_command(args: argparse.Namespace, verb: str) -> list[str] | None:
     return command
 
 
+def _project_of(args: argparse.Namespace, verb: str, what: str, given: object, nor: str = "") -> Project | None:
+    """The project ``--project`` names, or None after one error line:
+    ``given`` is what the command line gave beside it, which the project file holds instead."""
+    from .run.project import ProjectError, find_project, load_project
+
+    if given:
+        print(f"trainsup {verb}: error: --project takes {what} from the project file; give no command after "
+              f"--{nor}", file=sys.stderr)
+        return None
+    try:
+        return load_project(find_project(args.project))
+    except ProjectError as exc:
+        print(f"trainsup {verb}: error: {exc}", file=sys.stderr)
+        return None
+
+
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
     from .run.engine import Supervisor
     from .run.policy import PolicyError, load_policy
-    from .run.project import ProjectError, find_project, load_project
     from .run.spec import RunSpec
 
     start_mode: Literal["auto", "fresh", "resume"] = "fresh" if args.fresh else "resume" if args.resume else "auto"
     if args.project is not None:
-        if [a for a in args.command if a != "--"] or args.policy is not None or args.trainer is not None:
-            print("trainsup run: error: --project takes the command, the policy and the trainer from the project "
-                  "file; give no command after --, no --policy and no --trainer", file=sys.stderr)
-            return 2
-        try:
-            project = load_project(find_project(args.project))
-        except ProjectError as exc:
-            print(f"trainsup run: error: {exc}", file=sys.stderr)
+        given = [a for a in args.command if a != "--"] or args.policy is not None or args.trainer is not None
+        project = _project_of(args, "run", "the command, the policy and the trainer", given, ", no --policy and no --trainer")
+        if project is None:
             return 2
         spec = RunSpec(project.command, project.cwd, args.run_dir or project.run_dir,
                        project.child_env(os.environ), not args.quiet, project.path, project, start=start_mode)

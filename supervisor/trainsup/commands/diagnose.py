@@ -26,7 +26,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from ..faults.dumps import DUMP_RULES
 from ..faults.ending import UNKNOWN_WHY
@@ -171,18 +171,25 @@ def _explanation(fault: str, rules: Sequence[FaultRule]) -> str:
     return UNKNOWN_WHY if fault == "unknown" else ""
 
 
+def _attempt_journal(path: Path) -> tuple[int, list[dict[str, Any]]] | None:
+    """For a run dir's ``attempt-N.log``: N and the journal beside it; None for another file."""
+    m = _ATTEMPT_LOG.match(path.name)
+    if m is None:
+        return None
+    try:
+        return int(m.group(1)), read_events(path.parent)
+    except (OSError, ValueError):
+        return None
+
+
 def journaled_ending(path: Path) -> tuple[str, str] | None:
     """For a run dir's ``attempt-N.log``: the fault trainsup journaled for attempt N and how the
     trainer ended, from ``events.jsonl`` beside it. A trainer killed outright prints nothing about
     it (accelerate does; a bare trainer does not): only the supervisor saw the signal."""
-    m = _ATTEMPT_LOG.match(path.name)
-    if m is None:
+    found = _attempt_journal(path)
+    if found is None:
         return None
-    attempt = int(m.group(1))
-    try:
-        events = read_events(path.parent)
-    except (OSError, ValueError):
-        return None
+    attempt, events = found
     fault = next((e for e in events if e.get("event") == "fault" and e.get("attempt") == attempt), None)
     end = next((e for e in events if e.get("event") == "attempt_end" and e.get("attempt") == attempt), {})
     if fault is None or not isinstance(fault.get("class"), str):
@@ -196,14 +203,10 @@ def journaled_remedy(path: Path) -> str | None:
     """For a run dir's ``attempt-N.log``: what the run did after attempt N, from ``events.jsonl``
     beside it (the remedy it applied, and the attempt it launched; or how the run ended). A later
     attempt's remedy is a later rung of the ladder: only the journal knows which one ran."""
-    m = _ATTEMPT_LOG.match(path.name)
-    if m is None:
+    found = _attempt_journal(path)
+    if found is None:
         return None
-    attempt = int(m.group(1))
-    try:
-        events = read_events(path.parent)
-    except (OSError, ValueError):
-        return None
+    attempt, events = found
     ended = next((i for i, e in enumerate(events) if e.get("event") == "attempt_end" and e.get("attempt") == attempt),
                  None)
     if ended is None:
