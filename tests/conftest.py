@@ -44,9 +44,13 @@ def wait_until(predicate: Callable[[], object], timeout: float = 30.0, interval:
 
 def kept_after_move(path: Path, digest: str, events: list[dict[str, Any]]) -> bool:
     """Whether a file trainsup moved out of the output dir's sight (journal ``state_set_aside`` or
-    ``save_hidden``: a save of its own, or an incomplete one it replaced) is whole where it went."""
+    ``save_hidden``: a save of its own, or an incomplete one it replaced; ``sample_hidden``: a sample
+    under an attempt's own name) is whole where it went."""
     path = path.resolve()
     for e in events:
+        if e["event"] == "sample_hidden" and Path(e["file"]).resolve() == path:  # published, then moved
+            moved = Path(e["to"])
+            return moved.is_file() and hashlib.sha256(moved.read_bytes()).hexdigest() == digest
         if e["event"] not in ("state_set_aside", "save_hidden"):
             continue
         src, dst = Path(e["dir"]).resolve(), Path(e["to"])

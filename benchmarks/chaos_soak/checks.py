@@ -78,9 +78,13 @@ def check_tracebacks(run: ChaosRun, invariant: int = 6) -> None:
 
 
 def _kept_after_move(path: Path, digest: str, events: list[dict[str, Any]]) -> bool:
-    """Whether a file trainsup moved (journal ``save_hidden``, ``state_set_aside``) is whole where it
+    """Whether a file trainsup moved (journal ``save_hidden``, ``state_set_aside``; a sample of an
+    attempt's own name, ``sample_hidden``, after publishing it under its true name) is whole where it
     went, or was one of its own saves it pruned later (``save_pruned``)."""
     for e in events:
+        if e.get("event") == "sample_hidden" and Path(e["file"]) == path:
+            moved = Path(e["to"])
+            return moved.is_file() and sha256(moved) == digest
         if e.get("event") not in ("save_hidden", "state_set_aside"):
             continue
         src, dst = Path(e["dir"]), Path(e["to"])
