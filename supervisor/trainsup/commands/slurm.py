@@ -182,7 +182,7 @@ def write_script(path: Path, text: str) -> bool:
 
 
 def _log_dir(project: Project) -> Path:
-    folder = project.resolved_run_dir()
+    folder = project.resolved_run_dir(exact=True)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -56,13 +56,14 @@ class Project:
     def child_env(self, base: Mapping[str, str]) -> dict[str, str]:
         return {**base, **self.env}
 
-    def resolved_run_dir(self) -> Path:
-        """Where this project's runs keep their journal: ``run_dir:``, else the command's default."""
+    def resolved_run_dir(self, exact: bool = False) -> Path:
+        """Where this project's runs keep their journal: ``run_dir:``, else the command's default (or,
+        beside another run's records, its own: ``run.rundir.this_runs_dir``; ``exact`` for a queue entry)."""
         if self.run_dir is not None:
             return self.run_dir
         try:
             setup = Setup(self.command, self.cwd, self.policy.trainer_settings())
-            return this_runs_dir(open_run(setup, self.trainer), None, self.cwd)
+            return this_runs_dir(open_run(setup, self.trainer), None, self.cwd, exact)
         except (UsageError, OSError):
             return (self.cwd / ".trainsup").resolve()
 

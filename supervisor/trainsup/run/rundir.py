@@ -17,7 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ..record.identity import Choice, Identity, IdentityError, PastRun, choose, write_identity
+from ..record.identity import (
+    Choice,
+    Identity,
+    IdentityError,
+    PastRun,
+    candidates,
+    choose,
+    has_records,
+    write_identity,
+)
 from ..record.ledger import Ledger
 from ..trainers.base import TrainerRun
 
@@ -52,10 +61,14 @@ def find_home(trainer: TrainerRun, run_dir: Path | None, cwd: Path, start: Start
     return Home(choice.run_dir, identity, choice, run_dir is not None)
 
 
-def this_runs_dir(trainer: TrainerRun, run_dir: Path | None, cwd: Path) -> Path:
-    """Where this run's records are (or would go): for ``status`` and the page, reading only."""
+def this_runs_dir(trainer: TrainerRun, run_dir: Path | None, cwd: Path, exact: bool = False) -> Path:
+    """Where this run's records are (or would go), reading only. Cheap unless ``exact`` (a queue entry,
+    a job script: the run dir the next start will choose): an output dir with one run's records names
+    that run (the page asks a few times a second), one with several is told apart by identity."""
     base = (run_dir or trainer.default_run_dir(cwd)).resolve()
     if run_dir is not None:
+        return base
+    if not exact and len([d for d in candidates(base) if has_records(d)]) <= 1:
         return base
     try:  # the run dir a start would choose now (choosing makes nothing)
         return choose(base, Identity(trainer.identity()), trainer.given_argv, trainer.label, explicit=False,

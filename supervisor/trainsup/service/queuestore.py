@@ -205,7 +205,7 @@ class QueueStore:
         # so the copy names its working directory absolutely (and the run dir, which is relative to it).
         data = yaml.safe_load(text) or {}
         data["cwd"] = str(project.cwd)
-        data["run_dir"] = str(project.resolved_run_dir())
+        data["run_dir"] = str(project.resolved_run_dir(exact=True))
         if gpus is not None:
             data["gpus"] = list(gpus)  # `queue add --gpus` wins over the file's own
         named = gpus if gpus is not None else _project_gpus(project.env)
