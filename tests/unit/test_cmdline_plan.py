@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
+from trainsup.adapters.kohya import tomlio
+from trainsup.adapters.kohya.plan import LaunchPlan, apply_action
+from trainsup.adapters.kohya.profile import parse_state_name, script_info
 from trainsup.faults.remedies import Action
 from trainsup.trainers.cmdline import TrainerCommand
-from trainsup.trainers.kohya import tomlio
-from trainsup.trainers.kohya.plan import LaunchPlan, apply_action
-from trainsup.trainers.kohya.profile import parse_state_name, script_info
 
 
 def test_parse_finds_the_script_behind_launchers() -> None:

@@ -5,12 +5,12 @@ from pathlib import Path
 
 import pytest
 
+from trainsup.adapters.kohya.exact import trains_past
 from trainsup.faults.remedies import RESTART, Rung
 from trainsup.record.ledger import label_offset
 from trainsup.run.decide import History, Outcome, decide, record
 from trainsup.run.policy import Policy, PolicyError, parse_policy
 from trainsup.sensors.oomkills import killed_for_memory, oom_kills
-from trainsup.trainers.kohya.exact import trains_past
 
 
 def outcome(fault: str | None, uptime: float = 100.0, steps: int = 5, new_state: bool = False,

@@ -277,9 +277,9 @@ def test_the_allocator_rung_is_skipped_when_the_numbers_rule_fragmentation_out(e
 
 
 def test_every_adapters_allocator_rung_reads_the_numbers() -> None:
+    from trainsup.adapters.litgpt.remedies import LADDERS as LIT
+    from trainsup.adapters.onetrainer.remedies import LADDERS as OT
     from trainsup.faults.remedies import Rung
-    from trainsup.trainers.litgpt.remedies import LADDERS as LIT
-    from trainsup.trainers.onetrainer.remedies import LADDERS as OT
 
     capped = NEW.format(allowed="39.00 GiB allowed; ", unalloc="12.00 MiB")
     rungs: list[Rung] = [r for ladder in (LIT["cuda_oom"], OT["cuda_oom"]) for r in ladder]

@@ -100,9 +100,9 @@ def test_hang_policy_keys_are_validated() -> None:
 def test_the_output_parser_notes_progress_besides_the_steps_bar_and_nothing_else() -> None:
     import queue
 
+    from trainsup.adapters.kohya.output import KohyaOutput
     from trainsup.faults.scanner import FaultScanner
     from trainsup.run.observe import OutputParser
-    from trainsup.trainers.kohya.output import KohyaOutput
 
     now = [0.0]
     events: queue.Queue[tuple[str, object]] = queue.Queue()
@@ -131,9 +131,9 @@ def test_the_output_parser_notes_progress_besides_the_steps_bar_and_nothing_else
 def test_a_completed_state_ends_the_saving_phase() -> None:
     import queue
 
+    from trainsup.adapters.kohya.output import KohyaOutput
     from trainsup.faults.scanner import FaultScanner
     from trainsup.run.observe import OutputParser
-    from trainsup.trainers.kohya.output import KohyaOutput
 
     events: queue.Queue[tuple[str, object]] = queue.Queue()
     parser = OutputParser(events, FaultScanner(), clock=lambda: 5.0, fmt=KohyaOutput())

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from trainsup.trainers.kohya.exact import attempt_saves, epoch_aligned, label_cadence, save_steps, trains_past
+from trainsup.adapters.kohya.exact import attempt_saves, epoch_aligned, label_cadence, save_steps, trains_past
 
 
 def simulate(resume: int, max_steps: int, per_epoch: int, every: int | None, done: set[int] | None = None,

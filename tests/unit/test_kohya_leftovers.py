@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trainsup.adapters.kohya.points import Cadence, ResumePoints
 from trainsup.record.journal import Journal, read_events
 from trainsup.record.ledger import AttemptRecord, Ledger
-from trainsup.trainers.kohya.points import Cadence, ResumePoints
 
 
 def test_an_earlier_attempts_cut_save_is_set_aside_and_nothing_else_moves(tmp_path: Path) -> None:

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
+from trainsup.adapters.kohya.points import Cadence, ResumePoints
+from trainsup.adapters.kohya.samples import SampleCadence, SampleShelf, complete_png, parse
 from trainsup.record.journal import Journal, read_events
 from trainsup.record.ledger import AttemptRecord, Ledger
-from trainsup.trainers.kohya.points import Cadence, ResumePoints
-from trainsup.trainers.kohya.samples import SampleCadence, SampleShelf, complete_png, parse
 
 PNG = bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010806000000"
                     "1f15c4890000000d49444154789c6360000002000154a24f5d0000000049454e44ae426082")

@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from trainsup.adapters.litgpt.adapter import FAMILY, LitgptRun
+from trainsup.adapters.litgpt.plan import LitPlan
+from trainsup.adapters.litgpt.rules import RUN_RULES
+from trainsup.adapters.litgpt.states import weights_problem
 from trainsup.faults.remedies import Action, Rung
 from trainsup.faults.rules import BUILTIN_RULES
 from trainsup.faults.scanner import FaultScanner
 from trainsup.record.journal import Journal, read_events
 from trainsup.record.ledger import Ledger
 from trainsup.trainers.base import Setup, UsageError, rung_applies
-from trainsup.trainers.litgpt.adapter import FAMILY, LitgptRun
-from trainsup.trainers.litgpt.plan import LitPlan
-from trainsup.trainers.litgpt.rules import RUN_RULES
-from trainsup.trainers.litgpt.states import weights_problem
 from trainsup.trainers.registry import choose
 
 CKPT = "/models/tiny-gpt"

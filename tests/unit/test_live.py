@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from trainsup.adapters.kohya.inputs import KohyaInputs
+from trainsup.adapters.kohya.prepare import prepare
 from trainsup.record.journal import Journal
 from trainsup.run.policy import Policy
-from trainsup.trainers.kohya.inputs import KohyaInputs
-from trainsup.trainers.kohya.prepare import prepare
 
 
 def setup(tmp_path: Path, script: str = "flux_train_network.py", extra: str = ""):
@@ -61,8 +61,8 @@ def test_other_config_changes_wait_for_the_next_checkpoint(tmp_path: Path) -> No
 
 
 def live_launch(live: KohyaInputs):
+    from trainsup.adapters.kohya.plan import LaunchPlan
     from trainsup.trainers.cmdline import TrainerCommand
-    from trainsup.trainers.kohya.plan import LaunchPlan
 
     launch = LaunchPlan(TrainerCommand.parse(["python", "flux_train_network.py"]))
     live.before_launch(2, launch)

@@ -16,16 +16,16 @@ from pathlib import Path
 
 import pytest
 
+from trainsup.adapters.onetrainer.adapter import FAMILY, OneTrainerRun
+from trainsup.adapters.onetrainer.backups import backup_problem, parse_name
+from trainsup.adapters.onetrainer.output import OTOutput
+from trainsup.adapters.onetrainer.rules import RULES
 from trainsup.faults.remedies import Action
 from trainsup.faults.rules import BUILTIN_RULES
 from trainsup.faults.scanner import FaultScanner
 from trainsup.record.journal import Journal, read_events
 from trainsup.record.ledger import Ledger
 from trainsup.trainers.base import Setup, UsageError, rung_applies
-from trainsup.trainers.onetrainer.adapter import FAMILY, OneTrainerRun
-from trainsup.trainers.onetrainer.backups import backup_problem, parse_name
-from trainsup.trainers.onetrainer.output import OTOutput
-from trainsup.trainers.onetrainer.rules import RULES
 from trainsup.trainers.registry import choose
 
 PY = "/bed/venv/bin/python"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from trainsup.trainers.kohya.caches import CacheManifest, Subset, set_aside, stale_caches
-from trainsup.trainers.kohya.prompts import PromptError, parse_prompt_file
+from trainsup.adapters.kohya.caches import CacheManifest, Subset, set_aside, stale_caches
+from trainsup.adapters.kohya.prompts import PromptError, parse_prompt_file
 
 
 def test_kohya_txt_prompts_with_options_and_comments(tmp_path: Path) -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from trainsup.trainers.kohya.states import check_state, state_dirs
-from trainsup.trainers.kohya.weights import has_non_finite
+from trainsup.adapters.kohya.states import check_state, state_dirs
+from trainsup.adapters.kohya.weights import has_non_finite
 
 
 def make_state(path: Path, step: int = 10, weights: np.ndarray | None = None) -> Path:

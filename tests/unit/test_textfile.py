@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from trainsup.adapters.kohya.prompts import PromptError, parse_prompt_bytes
+from trainsup.adapters.kohya.tomlio import ConfigFileError, read_toml
+from trainsup.adapters.litgpt.configfile import ConfigFile
+from trainsup.adapters.onetrainer.plan import load_config
 from trainsup.record.textfile import NotTextError, decode_text, read_text
 from trainsup.run.policy import PolicyError, load_policy
 from trainsup.run.project import ProjectError, load_project
-from trainsup.trainers.kohya.prompts import PromptError, parse_prompt_bytes
-from trainsup.trainers.kohya.tomlio import ConfigFileError, read_toml
-from trainsup.trainers.litgpt.configfile import ConfigFile
-from trainsup.trainers.onetrainer.plan import load_config
 
 TEXT = "command: [python, train.py]\ndescription: café crème\n"
 

@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainsup.trainers.kohya import tomlio
+from trainsup.adapters.kohya import tomlio
 
 KEYS = ["cache_latents", "network_dim", "resolution", "batch_size", "image_dir", "shuffle_caption", "caption"]
 SCALARS = st.one_of(

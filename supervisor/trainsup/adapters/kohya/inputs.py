@@ -18,8 +18,8 @@ from pathlib import Path
 from ...record.journal import Journal
 from ...record.textfmt import shown_path
 from ...sensors.watch import FileWatcher
-from ..base import EditAction, Inputs, Plan, Settings
-from ..edits import EditLog
+from ...trainers.base import EditAction, Inputs, Plan, Settings
+from ...trainers.edits import EditLog
 from . import tomlio
 from .caches import LATENT_KEYS, CacheManifest, Subset, set_aside, stale_caches
 from .plan import LaunchPlan

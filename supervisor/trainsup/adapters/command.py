@@ -19,8 +19,17 @@ from ..faults.remedies import Action, Rung
 from ..faults.rules import FaultRule
 from ..record.journal import Journal
 from ..record.ledger import Ledger, StateRecord
-from .base import ArgvPlan, Finding, Plan, Say, Setup, TrainerRun, apply_env, restart_with_same_settings
-from .interpreter import trainer_python
+from ..trainers.base import (
+    ArgvPlan,
+    Finding,
+    Plan,
+    Say,
+    Setup,
+    TrainerRun,
+    apply_env,
+    restart_with_same_settings,
+)
+from ..trainers.interpreter import trainer_python
 
 NOTE = ("no adapter knows this command: trainsup restarts it unchanged after a crash (it resumes only "
         "if the command resumes by itself) and detects hangs on silence; a project's `trainer:` section "

@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..base import Finding
+from ...trainers.base import Finding
 from .plan import OTPlan
 
 EIGHT_BIT = "_8BIT"

@@ -25,7 +25,7 @@ import re
 
 from ...faults import remedies
 from ...faults.remedies import Action, Rung, stop
-from ..base import apply_env, restart_with_same_settings
+from ...trainers.base import apply_env, restart_with_same_settings
 from .methods import SUGGESTED_PRECISIONS, VALID_PRECISIONS
 from .plan import LitPlan
 from .rules import LR_SCHEDULE, SEQUENCE_TOO_LONG

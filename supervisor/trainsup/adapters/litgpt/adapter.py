@@ -22,8 +22,8 @@ from ...faults.remedies import Action, Rung
 from ...faults.rules import FaultRule
 from ...record.journal import Journal
 from ...record.ledger import Ledger, StateRecord
-from ..base import Finding, Plan, Say, Setup, TrainerRun, UsageError
-from ..interpreter import trainer_python
+from ...trainers.base import Finding, Plan, Say, Setup, TrainerRun, UsageError
+from ...trainers.interpreter import trainer_python
 from . import doctor
 from .configfile import ConfigFile
 from .methods import METHODS, Method

@@ -22,8 +22,8 @@ from ...faults.remedies import Action, Rung
 from ...faults.rules import FaultRule
 from ...record.journal import Journal
 from ...record.ledger import Ledger, StateRecord
-from ..base import Finding, Plan, Samples, Say, Setup, TrainerRun, UsageError
-from ..interpreter import trainer_python
+from ...trainers.base import Finding, Plan, Samples, Say, Setup, TrainerRun, UsageError
+from ...trainers.interpreter import trainer_python
 from . import doctor
 from .backups import backup_args, backup_problem, parse_name
 from .inputs import BACKUP_FIXED, OTInputs

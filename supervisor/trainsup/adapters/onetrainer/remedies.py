@@ -22,7 +22,7 @@ import re
 
 from ...faults import remedies
 from ...faults.remedies import Action, Rung, stop
-from ..base import apply_env, restart_with_same_settings
+from ...trainers.base import apply_env, restart_with_same_settings
 from .plan import OTPlan
 from .rules import OPTIMIZER_BACKEND, OUTPUT_FORMAT
 

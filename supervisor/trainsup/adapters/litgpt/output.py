@@ -21,7 +21,7 @@ import math
 import re
 
 from ...faults.matchers import Progress
-from ..base import OutputFormat
+from ...trainers.base import OutputFormat
 
 _PROGRESS = re.compile(
     r"Epoch (?P<epoch>\d+) \| iter (?P<iter>\d+) step (?P<step>\d+) \| loss train: (?P<loss>\S+?),"

@@ -29,7 +29,7 @@ from ...record.fsutil import link_or_copy, move_into
 from ...record.journal import Journal
 from ...record.ledger import Ledger, StateRecord
 from ...record.textfmt import shown_path
-from ..stepstates import StepStates, newest_mtime
+from ...trainers.stepstates import StepStates, newest_mtime
 from .methods import Method
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ...record.textfile import read_text
-from ..base import Plan
+from ...trainers.base import Plan
 
 SCRIPT = "train.py"
 _PATH_FLAG, _VALUE_FLAG = "--config-path", "--config-value"

@@ -24,7 +24,7 @@ from ...record.fsutil import move_into
 from ...record.journal import Journal
 from ...record.ledger import Ledger, StateRecord
 from ...record.textfmt import shown_path
-from ..stepstates import StepStates, newest_mtime
+from ...trainers.stepstates import StepStates, newest_mtime
 from .backups import backup_problem, parse_name
 
 

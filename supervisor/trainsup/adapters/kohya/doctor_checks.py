@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..base import Finding
-from ..cmdline import TrainerCommand, find_script
+from ...trainers.base import Finding
+from ...trainers.cmdline import TrainerCommand, find_script
 from . import tomlio
 from .profile import ScriptInfo, script_info
 from .states import check_state

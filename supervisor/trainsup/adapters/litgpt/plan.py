@@ -16,8 +16,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..base import Plan
-from ..cmdline import Flag, TrainerCommand
+from ...trainers.base import Plan
+from ...trainers.cmdline import Flag, TrainerCommand
 from .configfile import ConfigFile
 from .methods import TRAINING_SUBCOMMANDS, Method, is_schedule_key
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...record.textfmt import format_size
-from ..base import DoctorFacts, Finding
-from ..interpreter import at_least, upgrade_command
+from ...trainers.base import DoctorFacts, Finding
+from ...trainers.interpreter import at_least, upgrade_command
 from .doctor_checks import CommandView, check_command
 from .sthead import float8_dtypes
 

@@ -27,7 +27,7 @@ from ..faults.matchers import Progress
 from ..faults.rules import FaultRule
 from ..record.journal import Journal
 from ..record.ledger import Ledger, StateRecord
-from .base import (
+from ..trainers.base import (
     ArgvPlan,
     Finding,
     OutputFormat,
@@ -37,8 +37,8 @@ from .base import (
     TrainerRun,
     UsageError,
 )
+from ..trainers.stepstates import StepStates
 from .command import CommandRun, output_dir_of
-from .stepstates import StepStates
 
 KEYS = ("states", "complete", "step", "resume", "progress", "success", "total_steps")
 _LAST_NUMBER = re.compile(r"(\d+)(?!.*\d)")

@@ -21,8 +21,8 @@ from typing import Any
 from ...record.journal import Journal
 from ...record.textfmt import shown_path
 from ...sensors.watch import FileWatcher
-from ..base import EditAction, Inputs, Plan
-from ..edits import EditLog
+from ...trainers.base import EditAction, Inputs, Plan
+from ...trainers.edits import EditLog
 from .plan import OTPlan, get_dotted
 
 BACKUP_FIXED = ("lora_rank", "lora_alpha", "model_type")

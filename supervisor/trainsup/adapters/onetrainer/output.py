@@ -19,7 +19,7 @@ import math
 import re
 
 from ...faults.matchers import Progress
-from ..base import OutputFormat
+from ...trainers.base import OutputFormat
 
 _ESC = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _STEP = re.compile(r"(?:^|(?<=[\s\]A]))step:\s+\d+%\|[^|]*\|\s*(?P<n>\d+)/(?P<total>\d+)\s*\[(?P<info>[^\]]*)\]")

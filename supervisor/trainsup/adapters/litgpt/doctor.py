@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..base import Finding
+from ...trainers.base import Finding
 from .methods import SUGGESTED_PRECISIONS, VALID_PRECISIONS
 from .plan import LitPlan
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ...record.journal import Journal
 from ...record.ledger import AttemptRecord, Ledger, StateRecord, label_offset
-from ..ledgerstates import LedgerStates
+from ...trainers.ledgerstates import LedgerStates
 from .exact import AttemptSaves, attempt_saves, epoch_aligned, save_steps
 from .identity import outputs_under
 from .profile import final_weights_name, parse_state_name, save_names, state_dir_names

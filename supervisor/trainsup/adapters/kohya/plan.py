@@ -14,8 +14,8 @@ from pathlib import Path
 from ...faults import remedies
 from ...faults.remedies import Action
 from ...record.fsutil import atomic_write_text
-from ..base import Plan, apply_env, restart_with_same_settings
-from ..cmdline import TrainerCommand
+from ...trainers.base import Plan, apply_env, restart_with_same_settings
+from ...trainers.cmdline import TrainerCommand
 from . import tomlio
 from .profile import ScriptInfo, script_info, takes_value
 from .tomlio import TomlDoc

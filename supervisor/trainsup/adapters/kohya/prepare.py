@@ -12,8 +12,8 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..base import Settings, UsageError
-from ..cmdline import TrainerCommand
+from ...trainers.base import Settings, UsageError
+from ...trainers.cmdline import TrainerCommand
 from . import tomlio
 from .doctor import WORKERS_0_NOTE
 from .plan import LaunchPlan

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from ...faults import matchers
-from ..base import OutputFormat
+from ...trainers.base import OutputFormat
 
 _EPOCH_START = re.compile(r"^\s*epoch (\d+)/\d+\s*$")
 

@@ -25,9 +25,9 @@ from ...faults.remedies import Action, Rung
 from ...faults.rules import FaultRule
 from ...record.journal import Journal
 from ...record.ledger import Ledger, StateRecord
-from ..base import Finding, Notice, Plan, Samples, Say, Setup, TrainerRun
-from ..cmdline import TrainerCommand, find_script
-from ..interpreter import trainer_python
+from ...trainers.base import Finding, Notice, Plan, Samples, Say, Setup, TrainerRun
+from ...trainers.cmdline import TrainerCommand, find_script
+from ...trainers.interpreter import trainer_python
 from . import doctor as kohya_doctor
 from .doctor_checks import CommandView, load_view
 from .exact import epoch_aligned
