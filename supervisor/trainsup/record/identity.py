@@ -27,6 +27,7 @@ from typing import Any
 
 from .fsutil import atomic_write_text
 from .journal import read_events
+from .journalkinds import ENDS, FINISHED, RUN_START
 
 IDENTITY_FILE = "identity.json"
 # What a run dir holds once a run was started in it (a lock alone is a start that never got going).
@@ -131,14 +132,14 @@ def read_past(run_dir: Path) -> PastRun | None:
     ended = ended_at = final = None
     for record in read_events(run_dir):
         kind = record.get("event")
-        if kind == "run_start":
+        if kind == RUN_START:
             if argv is None and isinstance(record.get("argv"), list):
                 argv = tuple(str(a) for a in record["argv"])
                 created = created or float(record.get("ts") or 0.0)
             ended = ended_at = final = None  # a supervisor started after the last end: not ended
-        elif kind in ("finished", "gave_up"):
+        elif kind in ENDS:
             ended, ended_at = str(kind), float(record.get("ts") or 0.0)
-            final = record.get("final_weights") if kind == "finished" else None
+            final = record.get("final_weights") if kind == FINISHED else None
     if not created:
         try:
             created = run_dir.stat().st_mtime

@@ -1,6 +1,7 @@
 """Owns the run's record: the append-only ``events.jsonl`` and the atomically replaced ``status.json``.
 
-Every decision is journaled as one JSON object per line with ``ts`` and ``event``. A full disk must
+Every decision is journaled as one JSON object per line with ``ts`` and ``event`` (its kind; every kind
+and its fields are named in ``record.journalkinds``). A full disk must
 not kill supervision: a failed write is counted, and said once a file on the console.
 
 Whole lines, whatever the disk does. Each write is one ``os.write`` of whole lines on an ``O_APPEND``
@@ -49,9 +50,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .fsutil import atomic_write_text
+from .journalkinds import (
+    END_EVENTS,
+    JOURNAL_LINE_CUT,
+    RECORDS_LOST,
+)
 
-# A supervisor's last record: the run finished, stopped or gave up, or it handed the run to its successor.
-END_EVENTS = frozenset({"finished", "gave_up", "supervisor_restart"})
 RESERVE_NAME = ".journal-reserve"
 RESERVE_BYTES = 64 * 1024  # the end records and a status snapshot need a few KiB; pages and blocks round up
 RESERVE_RETRY_S = 60.0
@@ -182,7 +186,7 @@ class Journal:
     def _flush_held(self) -> None:
         lost = []
         if self.records_lost:
-            lost.append(encode_record({"ts": round(self._clock(), 3), "event": "records_lost",
+            lost.append(encode_record({"ts": round(self._clock(), 3), "event": RECORDS_LOST,
                                        "records": self.records_lost, "reason": "no space to write them"}))
         batch = b"".join([*lost, *self._held])
         error = self._write_lines(batch)
@@ -248,7 +252,7 @@ class Journal:
         except OSError:
             self._cut = True
             return size
-        self._append(encode_record({"ts": round(self._clock(), 3), "event": "journal_line_cut", "bytes": len(cut),
+        self._append(encode_record({"ts": round(self._clock(), 3), "event": JOURNAL_LINE_CUT, "bytes": len(cut),
                                     "text": cut.decode("utf-8", errors="replace")[:CUT_TEXT_MAX]}))
         return size - len(cut)
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .fsutil import atomic_write_text
+from .journalkinds import RUN_START
 
 __all__ = ["RECENT_S", "Registrar", "Registration", "entry_name", "index_dir", "index_dirs", "register", "registered",
            "state_root"]
@@ -170,7 +171,7 @@ class Registrar:
         self.path: Path | None = None
 
     def on_event(self, record: dict[str, Any]) -> None:
-        if record.get("event") != "run_start" or not isinstance(record.get("run_dir"), str):
+        if record.get("event") != RUN_START or not isinstance(record.get("run_dir"), str):
             return
         argv = record.get("argv")
         try:

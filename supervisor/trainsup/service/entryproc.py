@@ -23,6 +23,7 @@ from pathlib import Path
 
 import psutil
 
+from ..record.journalkinds import FAULT, FINISHED, GAVE_UP, RUN_START
 from ..record.runlock import holder
 from ..run.policy import EXIT_CODES_ENV
 from ..run.runstate import STOPPED_EXITS
@@ -137,13 +138,13 @@ def journal_ending(entry: Entry) -> Ending | None:
         if not isinstance(event, dict) or float(event.get("ts", 0)) < since:
             continue
         kind = event.get("event")
-        if kind == "run_start":
+        if kind == RUN_START:
             ending, evidence = None, None  # a later supervisor of the same run: only its end counts
-        elif kind == "fault" and event.get("evidence"):
+        elif kind == FAULT and event.get("evidence"):
             evidence = " ".join(str(event["evidence"]).split())[:300]
-        elif kind == "finished":
+        elif kind == FINISHED:
             ending = Ending("finished", 0, event.get("reason"))
-        elif kind == "gave_up":
+        elif kind == GAVE_UP:
             code = event.get("exit_code")
             reason = event.get("reason")
             state = state_for(code, entry.stop_requested)

@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, start_http_server, write_to_tex
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..record.journalkinds import ATTEMPT_START, FAULT, REMEDY, RUN_START
 from ..record.textfmt import eta_seconds
 from ..run.policy import MetricsPolicy, parse_listen
 from ..run.runstate import RunState
@@ -67,16 +68,16 @@ class RunMetrics:
 
     def apply_event(self, record: Mapping[str, Any]) -> None:
         kind = record.get("event")
-        if kind == "run_start":  # a new supervisor: its counters start at 0
+        if kind == RUN_START:  # a new supervisor: its counters start at 0
             self.attempts, self.faults, self.remedies, self.hangs = 0, {}, {}, 0
             self.project = self.project or record.get("project")
-        elif kind == "attempt_start":
+        elif kind == ATTEMPT_START:
             self.attempts += 1
-        elif kind == "fault":
+        elif kind == FAULT:
             cls = str(record.get("class"))
             self.faults[cls] = self.faults.get(cls, 0) + 1
             self.hangs += cls == "hang"
-        elif kind == "remedy":
+        elif kind == REMEDY:
             key = (str(record.get("class")), str(record.get("rung")))
             self.remedies[key] = self.remedies.get(key, 0) + 1
 
@@ -275,7 +276,7 @@ class MetricsListener:
     def on_event(self, record: dict[str, Any]) -> None:
         with self._lock:
             self.metrics.apply_event(record)
-        if record.get("event") == "run_start" and not self._started:
+        if record.get("event") == RUN_START and not self._started:
             self._start(Path(record["run_dir"]) if record.get("run_dir") else Path.cwd())
         if self.textfile is not None:
             self.textfile.touch()

@@ -22,6 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from ..faults.linetext import strip_ansi
+from ..record.journalkinds import (
+    ATTEMPT_END,
+    ATTEMPT_START,
+    FAULT,
+    FINISHED,
+    GAVE_UP,
+    HANG_STACKS,
+    REMEDY,
+    RUN_START,
+)
 from ..record.textfmt import eta_seconds, format_duration, progress_parts
 from ..run import trainedwith
 
@@ -101,30 +111,30 @@ class RunStory:
 
     def on_event(self, record: Mapping[str, Any]) -> list[Notice]:
         kind = record.get("event")
-        if kind == "run_start":
+        if kind == RUN_START:
             self._reset()  # a new supervisor of this run dir
             self.project = self.project or record.get("project")
             self.run_dir = Path(record["run_dir"]) if record.get("run_dir") else None
             self.started_at = record.get("ts")
             return []
         out: list[Notice] = []
-        if kind == "attempt_start":
+        if kind == ATTEMPT_START:
             out = self.flush()  # a fault nothing answered: told before the next launch
             self.attempt, self.attempts = record.get("attempt"), self.attempts + 1
-        elif kind == "attempt_end" and not record.get("supervisor_lost"):
+        elif kind == ATTEMPT_END and not record.get("supervisor_lost"):
             self.end_step = record.get("step")
-        elif kind == "hang_stacks":
+        elif kind == HANG_STACKS:
             self.stacks = record.get("path")
-        elif kind == "fault":
+        elif kind == FAULT:
             out = self.flush()
             self.pending = dict(record)
             cls = str(record.get("class"))
             self.faults[cls] = self.faults.get(cls, 0) + 1
-        elif kind == "remedy":
+        elif kind == REMEDY:
             out = self._answered(record)
-        elif kind == "gave_up":
+        elif kind == GAVE_UP:
             out = self._gave_up(record)
-        elif kind == "finished":
+        elif kind == FINISHED:
             out = [*self.flush(), *self._finished(record)]
         return out
 

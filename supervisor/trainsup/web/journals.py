@@ -22,12 +22,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..record.journalkinds import (
+    FILE_CHANGED,
+    RUN_START,
+    SAMPLE_HIDDEN,
+    SAMPLE_PUBLISHED,
+    SAVE_HIDDEN,
+    SAVE_PRUNED,
+    STATE_SAVED,
+)
+
 MAX_POINTS = 400_000
 MAX_EVENTS = 20_000  # decisions kept for the timeline (a run with more shows the newest)
 CHUNK = 4 * 1024 * 1024
 # Journal records the page does not show: they would drown the timeline (one per save, per edit).
-QUIET = frozenset({"save_hidden", "save_pruned", "state_saved", "file_changed", "sample_published",
-                   "sample_hidden"})
+QUIET = frozenset({SAVE_HIDDEN, SAVE_PRUNED, STATE_SAVED, FILE_CHANGED, SAMPLE_PUBLISHED, SAMPLE_HIDDEN})
 
 
 @dataclass
@@ -121,7 +130,7 @@ class RunRecords:
                 kind = record.get("event")
                 if not isinstance(kind, str) or kind in QUIET:
                     continue
-                if kind == "run_start":
+                if kind == RUN_START:
                     self.run_start = record
                 self.decisions.append(record)
             if len(self.decisions) > MAX_EVENTS:

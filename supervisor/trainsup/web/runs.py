@@ -29,6 +29,7 @@ from markupsafe import Markup
 
 from ..commands.runref import RefError, RunRef, every_project, resolve
 from ..commands.status import LIVE_STATES, RunView, view
+from ..record import journalkinds as kinds
 from ..record.runindex import registered
 from ..record.textfmt import format_duration, format_size
 from ..run import trainedwith
@@ -157,10 +158,10 @@ def row(catalog: Catalog, run: KnownRun) -> Row:
             if ("command line" in run.sources or run.sources == [REGISTERED]) and isinstance(project, str) and project:
                 v.name = project  # a run dir typed on the command line says little; the page shows it apart
             for record in reversed(records.decisions):
-                if record.get("event") == "remedy":
+                if record.get("event") == kinds.REMEDY:
                     remedy = "; ".join(str(a) for a in record.get("actions") or []) or None
                     break
-                if record.get("event") == "run_start":
+                if record.get("event") == kinds.RUN_START:
                     break
     if v.state == "new" and run.entry is not None and run.entry.state == "queued":
         v.state = "queued"  # never run yet, and waiting in the queue: that is what the user wants to read
@@ -238,7 +239,7 @@ def detail(catalog: Catalog, run: KnownRun) -> Detail:
         items = timeline(records.decisions)
         samples = _samples(run, records, starts)
         broken = records.events.broken + records.progress.broken
-        ended = next((d for d in reversed(records.decisions) if d.get("event") in ("finished", "gave_up")
+        ended = next((d for d in reversed(records.decisions) if d.get("event") in kinds.ENDS
                       and isinstance(d.get("trained_with"), list)), None)
     return Detail(r, chart, gpu, items, samples, log_tail(run_dir), broken, None,
                   trained_with(trainedwith.load(run_dir), ended))
@@ -249,7 +250,7 @@ def trained_with(written: dict[str, Any] | None, ended: dict[str, Any] | None) -
     older: a full disk at the end); None before any end of a trainsup that records it."""
     if ended is not None:
         code = ended.get("exit_code")
-        end = "finished" if ended.get("event") == "finished" else \
+        end = "finished" if ended.get("event") == kinds.FINISHED else \
             shown_state("stopped", code if isinstance(code, int) else None)
         from_end = {"end": end, "ts": ended.get("ts"), "changes": ended["trained_with"]}
         if written is None or _float(from_end["ts"]) > _float(written.get("ts")):
@@ -289,7 +290,7 @@ def _drawn(records: RunRecords, name: str, key: Any, draw: Callable[[], Markup |
 def _attempt_starts(decisions: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The ``attempt_start`` records of the newest supervisor's run, and those before (a run dir
     taken over keeps its attempt numbers going)."""
-    return [d for d in decisions if d.get("event") == "attempt_start" and isinstance(d.get("attempt"), int)]
+    return [d for d in decisions if d.get("event") == kinds.ATTEMPT_START and isinstance(d.get("attempt"), int)]
 
 
 def _loss_chart(records: RunRecords, starts: list[dict[str, Any]]) -> Markup | None:
@@ -307,10 +308,10 @@ def _loss_chart(records: RunRecords, starts: list[dict[str, Any]]) -> Markup | N
     marks = [plots.Mark(float(_int(d.get("resume_step")) or 0), f"#{d['attempt']}", "boundary",
                         f"attempt {d['attempt']} resumed at step {_int(d.get('resume_step')) or 0}")
              for d in starts if d["attempt"] > 1 or _int(d.get("resume_step"))]
-    faults = {d.get("attempt"): str(d.get("class")) for d in records.decisions if d.get("event") == "fault"}
+    faults = {d.get("attempt"): str(d.get("class")) for d in records.decisions if d.get("event") == kinds.FAULT}
     marks += [plots.Mark(float(_int(d.get("step")) or 0), f"{faults[d.get('attempt')]} (attempt {d.get('attempt')})",
                          "fault")
-              for d in records.decisions if d.get("event") == "attempt_end" and d.get("attempt") in faults]
+              for d in records.decisions if d.get("event") == kinds.ATTEMPT_END and d.get("attempt") in faults]
     if not any(bins for _, bins in series):
         return None  # steps, but no loss shown yet
     return plots.line_chart(series, marks, "step", "loss", (min([lo, *(m.x for m in marks)]), hi))
@@ -390,33 +391,33 @@ def _int(value: Any) -> int | None:
 
 # --- the timeline ----------------------------------------------------------------------------------
 SHOWN = {
-    "run_start": "supervisor started",
-    "attempt_start": "launched",
-    "attempt_end": "ended",
-    "fault": "fault",
-    "fault_live": "fault seen live",
-    "remedy": "remedy",
-    "remedy_skipped": "remedy skipped",
-    "environment_upgrade": "environment upgraded",
-    "hang_stacks": "hang: stacks taken",
-    "resume_exact": "resume",
-    "resume_inexact": "resume (not exact)",
-    "deadline": "deadline signal",
-    "requeued": "requeued",
-    "finished": "finished",
-    "gave_up": "gave up",
-    "warning": "warning",
-    "info": "note",
-    "supervisor_restart": "supervisor restarted",
-    "orphan_stopped": "orphan stopped",
-    "lease_taken_over": "lease taken over",
-    "change_applied": "edit applied",
-    "change_rejected": "edit rejected",
-    "change_scheduled": "edit scheduled",
-    "cache_invalidated": "cache invalidated",
-    "final_published": "final weights published",
-    "segment_relaunch": "relaunched at an epoch's end",
-    "plan_adjusted": "plan adjusted",
+    kinds.RUN_START: "supervisor started",
+    kinds.ATTEMPT_START: "launched",
+    kinds.ATTEMPT_END: "ended",
+    kinds.FAULT: "fault",
+    kinds.FAULT_LIVE: "fault seen live",
+    kinds.REMEDY: "remedy",
+    kinds.REMEDY_SKIPPED: "remedy skipped",
+    kinds.ENVIRONMENT_UPGRADE: "environment upgraded",
+    kinds.HANG_STACKS: "hang: stacks taken",
+    kinds.RESUME_EXACT: "resume",
+    kinds.RESUME_INEXACT: "resume (not exact)",
+    kinds.DEADLINE: "deadline signal",
+    kinds.REQUEUED: "requeued",
+    kinds.FINISHED: "finished",
+    kinds.GAVE_UP: "gave up",
+    kinds.WARNING: "warning",
+    kinds.INFO: "note",
+    kinds.SUPERVISOR_RESTART: "supervisor restarted",
+    kinds.ORPHAN_STOPPED: "orphan stopped",
+    kinds.LEASE_TAKEN_OVER: "lease taken over",
+    kinds.CHANGE_APPLIED: "edit applied",
+    kinds.CHANGE_REJECTED: "edit rejected",
+    kinds.CHANGE_SCHEDULED: "edit scheduled",
+    kinds.CACHE_INVALIDATED: "cache invalidated",
+    kinds.FINAL_PUBLISHED: "final weights published",
+    kinds.SEGMENT_RELAUNCH: "relaunched at an epoch's end",
+    kinds.PLAN_ADJUSTED: "plan adjusted",
 }
 
 
@@ -436,31 +437,31 @@ def timeline(decisions: list[dict[str, Any]], limit: int = 300) -> list[Timeline
 
 def _words(kind: str, d: dict[str, Any]) -> tuple[str, str | None]:
     label = SHOWN[kind]
-    if kind == "run_start":
+    if kind == kinds.RUN_START:
         return f"{label} ({d.get('trainer') or 'trainer unknown'})", None
-    if kind == "attempt_start":
+    if kind == kinds.ATTEMPT_START:
         where = f"resuming from step {d.get('resume_step')}" if d.get("resume_from") else "from the beginning"
         return f"attempt {d.get('attempt')} {label}, {where}", d.get("resume_from")
-    if kind == "attempt_end":
+    if kind == kinds.ATTEMPT_END:
         planned = {"run_complete": "stopped by trainsup once the last step was saved",
                    "relaunch": "stopped by trainsup to relaunch from a complete state"}.get(str(d.get("planned_stop")))
         how = planned or (f"signal {d.get('signal')}" if d.get("signal") else f"exit {d.get('exit_code')}")
         return f"attempt {d.get('attempt')} {label}: {how}, at step {d.get('step')}", None
-    if kind in ("fault", "fault_live"):
+    if kind in (kinds.FAULT, kinds.FAULT_LIVE):
         return f"{label}: {d.get('class')}", d.get("evidence")
-    if kind in ("remedy", "remedy_skipped"):
+    if kind in (kinds.REMEDY, kinds.REMEDY_SKIPPED):
         given = d.get("actions") or []  # a list of changes; a skipped rung's description is one string
         actions = given if isinstance(given, str) else "; ".join(str(a) for a in given)
         return f"{label} for {d.get('class')}: {actions or 'restart as it was'}", d.get("reason")
-    if kind == "environment_upgrade":
+    if kind == kinds.ENVIRONMENT_UPGRADE:
         return f"{label}: {d.get('spec')} (exit {d.get('exit_code')})", d.get("python")
-    if kind == "gave_up":  # every end but a finish: failed or stopped, as the status and the queue say
+    if kind == kinds.GAVE_UP:  # every end but a finish: failed or stopped, as the status and the queue say
         code, reason = d.get("exit_code"), str(d.get("reason") or "no reason recorded")
         shown = shown_state("stopped", code if isinstance(code, int) else None)
         return (reason if reason.startswith("stopped") else f"{shown}: {reason}"), None
-    if kind == "finished":
+    if kind == kinds.FINISHED:
         return f"{label}: {d.get('reason')}", d.get("final_weights")
-    if kind == "segment_relaunch":  # sd-scripts: a planned stop, so that its saves need no every-step cadence
+    if kind == kinds.SEGMENT_RELAUNCH:  # sd-scripts: a planned stop, so that its saves need no every-step cadence
         return f"{label} (step {d.get('step')})", d.get("why")
     message = d.get("message") or d.get("note") or d.get("reason") or d.get("path")
     return label, str(message) if message else None
