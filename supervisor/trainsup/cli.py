@@ -46,6 +46,12 @@ if TYPE_CHECKING:
     from .run.project import Project
 from .commands.argtypes import at_least_one, seconds
 
+# The verbs' defaults, each named once: the parser and its help read them from here.
+STOP_TIMEOUT_S = 120.0  # above the default stop.grace_s (30 s): the supervisor waits that long for the trainer
+MIN_FREE_MIB = 2048  # a GPU with less free memory gets no queue entry (service.daemon.ServeOptions's too)
+WEB_LISTEN = "127.0.0.1:8470"
+SLURM_LEAD_S = 300  # commands.slurm.DEFAULT_LEAD_S: a test holds the two together
+
 _COUNT, _ATTEMPT = at_least_one(), at_least_one("an attempt number")
 
 
@@ -104,8 +110,8 @@ def _parser() -> argparse.ArgumentParser:
     stop = sub.add_parser("stop", help="ask a run's supervisor (or a queue entry) to stop, and wait until it has",
                           usage="trainsup stop [--timeout S] [--state DIR] PROJECT|RUN_DIR|ID")
     stop.add_argument("--state", type=Path, metavar="DIR", help="the queue's state directory, for an entry ID")
-    stop.add_argument("--timeout", type=seconds, default=120.0, metavar="S",
-                      help="how long to wait for it (default 120 s; it waits stop.grace_s for the trainer)")
+    stop.add_argument("--timeout", type=seconds, default=STOP_TIMEOUT_S, metavar="S",
+                      help="how long to wait for it (default %(default)g s; it waits stop.grace_s for the trainer)")
     stop.add_argument("run", metavar="PROJECT|RUN_DIR|ID",
                       help="a project (name or file), a run dir (or the output dir holding it), or a queue entry's id")
     serve = sub.add_parser("serve", help="the box's daemon: work through the queue of projects",
@@ -115,15 +121,15 @@ def _parser() -> argparse.ArgumentParser:
                        "$TRAINSUP_STATE, else /var/lib/trainsup for root, else ~/.local/state/trainsup)")
     serve.add_argument("--slots", type=_COUNT, metavar="N",
                        help="entries run at once (default: one per GPU, or 1 without GPUs)")
-    serve.add_argument("--min-free-mib", type=_COUNT, default=2048, metavar="MIB",
-                       help="a GPU with less free memory than this gets no entry (default 2048)")
+    serve.add_argument("--min-free-mib", type=_COUNT, default=MIN_FREE_MIB, metavar="MIB",
+                       help="a GPU with less free memory than this gets no entry (default %(default)s)")
     serve.add_argument("--policy", type=Path, metavar="FILE",
                        help="YAML whose notify: and metrics: sections the daemon uses (see config.example.yaml)")
-    serve.add_argument("--web", metavar="ADDR", help="also serve the page (as trainsup web) on ADDR, e.g. 127.0.0.1:8470")
+    serve.add_argument("--web", metavar="ADDR", help=f"also serve the page (as trainsup web) on ADDR, e.g. {WEB_LISTEN}")
     web = sub.add_parser("web", help="a page in the browser over the runs: loss, samples, faults, logs, the queue",
                          usage="trainsup web [--listen ADDR] [--state DIR] [--projects DIR] [RUN_DIR ...]")
-    web.add_argument("--listen", default="127.0.0.1:8470", metavar="ADDR",
-                     help="HOST:PORT (default 127.0.0.1:8470; beyond loopback every page needs the token)")
+    web.add_argument("--listen", default=WEB_LISTEN, metavar="ADDR",
+                     help="HOST:PORT (default %(default)s; beyond loopback every page needs the token)")
     web.add_argument("--state", type=Path, metavar="DIR", help="the queue's state directory, whose queue is shown "
                      "and where the token is kept (default: trainsup serve's)")
     web.add_argument("--projects", type=Path, metavar="DIR", help="the projects directory whose projects are "
@@ -175,8 +181,8 @@ def _parser() -> argparse.ArgumentParser:
                                  "PROJECT [SBATCH_OPTION...]", allow_abbrev=False,
                            epilog="Options trainsup does not know are sbatch's, written as #SBATCH lines; give "
                                   "them after PROJECT, a value joined by '=' (--time=04:00:00).")
-    slurm.add_argument("--lead", type=_COUNT, default=300, metavar="S", help="the deadline signal comes S "
-                       "seconds (to S+30) before the time limit: --signal=B:USR1@S (default 300)")
+    slurm.add_argument("--lead", type=_COUNT, default=SLURM_LEAD_S, metavar="S", help="the deadline signal comes S "
+                       "seconds (to S+30) before the time limit: --signal=B:USR1@S (default %(default)s)")
     slurm.add_argument("--singleton", action="store_true",
                        help="--dependency=singleton: one job of this name (and user) runs at a time")
     slurm.add_argument("--output-script", type=Path, metavar="PATH", help="where the script goes "

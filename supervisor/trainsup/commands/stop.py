@@ -35,7 +35,6 @@ __all__ = ["run_stop"]
 EXIT_STOPPED = 0  # also: nothing was running
 EXIT_STILL_RUNNING = 1
 EXIT_USAGE = 2
-DEFAULT_TIMEOUT_S = 120.0  # above the default stop.grace_s (30 s): the supervisor waits that long for the trainer
 PID_WAIT_S = 2.0  # the lock is taken a moment before the pid is written into it
 POLL_S = 0.1
 

@@ -99,14 +99,6 @@ def read_lease(run_dir: Path) -> Lease | None:
         return None
 
 
-def foreign_owner(run_dir: Path, me: Identity, now: float | None = None) -> Lease | None:
-    """A live lease held by a supervisor on another host, which a pid here must never be taken for."""
-    lease = read_lease(run_dir)
-    if lease is None or origin(asdict(lease), me) != OTHER_HOST:
-        return None
-    return lease if lease.live(time.time() if now is None else now) else None
-
-
 class LeaseKeeper:
     """Writes and renews this supervisor's lease; ``tick`` is cheap when no renewal is due."""
 

@@ -24,7 +24,6 @@ import json
 import os
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from .journal import Journal
@@ -95,7 +94,3 @@ class ProgressLog:
                 except OSError:
                     pass
                 self._fd = None
-
-
-def progress_path(run_dir: Path) -> Path:
-    return run_dir / FILE_NAME

@@ -22,7 +22,6 @@ from .app import create_app
 from .auth import Guard, TokenError, is_loopback, load_token
 from .runs import Catalog
 
-DEFAULT_LISTEN = "127.0.0.1:8470"
 THREADS = 8  # a few open tabs, each asking for its live part every second
 LOOP_S = 0.2  # how soon the serving loop sees a stop
 

@@ -57,9 +57,6 @@ class Method:
     save_interval: int = 1000
     num_workers: int = 4  # litgpt's data modules (JSON, Alpaca, ...) default to 4 workers
 
-    def state_name(self, step: int) -> str:
-        return f"step-{step:0{self.step_digits}d}"
-
 
 METHODS: dict[str, Method] = {
     "finetune_lora": Method(
