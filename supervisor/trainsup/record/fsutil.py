@@ -32,6 +32,13 @@ def atomic_write_text(path: Path, text: str) -> None:
     _replace_via_temp(path, fill)
 
 
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    def fill(tmp: str) -> None:
+        Path(tmp).write_bytes(data)
+
+    _replace_via_temp(path, fill)
+
+
 def publish_copy(src: Path, dst: Path) -> None:
     """Make ``dst`` hold ``src``'s bytes, atomically; a hard link when possible (no extra space)."""
 

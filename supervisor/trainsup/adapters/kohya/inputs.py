@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ...record.fsutil import atomic_write_bytes
 from ...record.journal import Journal
 from ...record.textfmt import shown_path
 from ...sensors.watch import FileWatcher
@@ -177,9 +178,7 @@ class KohyaInputs(Inputs):
             return "none"
         self.prompt_bytes = raw
         if not self.te_cached and self.snapshot is not None and self.prompt_bytes is not None:
-            tmp = self.snapshot.with_name(f".{self.snapshot.name}.new")
-            tmp.write_bytes(self.prompt_bytes)
-            tmp.replace(self.snapshot)  # the trainer re-reads the file at each sampling: swap it whole
+            atomic_write_bytes(self.snapshot, self.prompt_bytes)  # re-read at each sampling: swapped whole
             self.edits.applied_now(path, self.attempt)
             self.say(f"{shown_path(path)} edited: the next samples use the new prompts")
             return "none"

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ...record.fsutil import atomic_write_bytes
 from ...record.journal import Journal
 from ...record.textfmt import shown_path
 from ...sensors.watch import FileWatcher
@@ -81,9 +82,7 @@ class OTInputs(Inputs):
                 continue
             copy = self.run_dir / f"attempt-{attempt}" / FILE_KEYS[key]
             copy.parent.mkdir(parents=True, exist_ok=True)
-            tmp = copy.with_name(f".{copy.name}.tmp")
-            tmp.write_bytes(raw)
-            tmp.replace(copy)
+            atomic_write_bytes(copy, raw)
             extra[key] = str(copy)
         return extra
 
