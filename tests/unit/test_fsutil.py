@@ -18,7 +18,8 @@ def test_bytes_replace_the_file_whole_and_leave_no_temp(tmp_path: Path) -> None:
     assert [p.name for p in path.parent.iterdir()] == ["prompts.txt"]
 
 
-def test_a_failed_write_keeps_the_old_file_and_no_temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_write_keeps_the_old_file_and_no_temp(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "prompts.txt"
     fsutil.atomic_write_text(path, "old\n")
 

@@ -153,4 +153,5 @@ def test_the_reference_page_shows_the_table() -> None:
     assert BEGIN in text and END in text
     shown = text.split(BEGIN, 1)[1].split(END, 1)[0].strip()
     assert shown == journalkinds.markdown().strip(), (
-        "docs/reference/journal.md is behind record/journalkinds.py: put markdown()'s text between its markers")
+        "docs/reference/journal.md is behind record/journalkinds.py: "
+        "put markdown()'s text between its markers")

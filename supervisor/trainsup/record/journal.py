@@ -96,7 +96,8 @@ def _open_append(path: Path) -> int:
 
 
 class Journal:
-    def __init__(self, run_dir: Path, clock: Callable[[], float] = time.time, write: Write = os.write) -> None:
+    def __init__(self, run_dir: Path, clock: Callable[[], float] = time.time,
+                 write: Write = os.write) -> None:
         self.run_dir = run_dir
         self.events_path = run_dir / "events.jsonl"
         self.status_path = run_dir / "status.json"
@@ -252,7 +253,8 @@ class Journal:
         except OSError:
             self._cut = True
             return size
-        self._append(encode_record({"ts": round(self._clock(), 3), "event": JOURNAL_LINE_CUT, "bytes": len(cut),
+        self._append(encode_record({"ts": round(self._clock(), 3), "event": JOURNAL_LINE_CUT,
+                                    "bytes": len(cut),
                                     "text": cut.decode("utf-8", errors="replace")[:CUT_TEXT_MAX]}))
         return size - len(cut)
 

@@ -136,13 +136,16 @@ SECTIONS: Final = (
               "argv", "run_dir", "policy: the policy's source",
               "project: the project's name, else the output name or the run dir's name",
               "trainer: the adapter", "samples: where the trainer's samples go"),
-        _kind(RUN_SEPARATE, "the output dir holds another run's records: this run starts fresh in a run dir of "
+        _kind(RUN_SEPARATE, "the output dir holds another run's records: this run starts fresh in a run dir "
+                            "of "
               "its own ([One output dir, many runs](../guides/one-output-dir.md))",
               "note: the line said on the console", "others: the run dirs of the other runs"),
-        _kind(PLAN_ADJUSTED, "the adapter changed the command before the first launch (a fixed `--seed`, an added "
+        _kind(PLAN_ADJUSTED, "the adapter changed the command before the first launch (a fixed `--seed`, an "
+                             "added "
               "save cadence, ...); one record per change, as said on the console", "note"),
         _kind(ATTEMPT_START, "a launch",
-              "attempt", "argv: the command launched", "resume_from: the state dir, `null`: from the beginning",
+              "attempt", "argv: the command launched", "resume_from: the state dir, `null`: from the "
+                                                       "beginning",
               "resume_step", "env: what trainsup set in the trainer's environment"),
         _kind(ATTEMPT_END, "an attempt ended",
               "attempt", "exit_code", "signal",
@@ -152,8 +155,10 @@ SECTIONS: Final = (
               "skipped_lines?: lines the parser skipped under a flood; the log keeps every byte",
               "gpu?: the attempt's peaks per device",
               "planned_stop?: `run_complete`: trainsup stopped the trainer once the last step was saved; "
-              "`relaunch`: to relaunch it from a complete state, for an edit or an sd-scripts segment; else `null`",
-              "supervisor_lost?: `true` when written by the next supervisor for an attempt whose supervisor died"),
+              "`relaunch`: to relaunch it from a complete state, for an edit or an sd-scripts segment; else "
+              "`null`",
+              "supervisor_lost?: `true` when written by the next supervisor for an attempt whose supervisor "
+              "died"),
         _kind(FAULT, "an attempt ended on a fault",
               "class", "evidence: the line", "line: its number in `attempt-N.log`", "attempt",
               "gpu?: for `cuda_oom`: each device's peak, total and the other programs' share"),
@@ -164,10 +169,12 @@ SECTIONS: Final = (
               "delay_s: the backoff before the relaunch"),
         _kind(REMEDY_SKIPPED, "a rung that means nothing for this trainer or command, skipped",
               "class", "rung", "actions", "trainer", "reason"),
-        _kind(ENVIRONMENT_UPGRADE, "the serializer upgrade of `fp8_serializer` ran (its output: `upgrade-N.log`)",
+        _kind(ENVIRONMENT_UPGRADE, "the serializer upgrade of `fp8_serializer` ran (its output: "
+                                   "`upgrade-N.log`)",
               "python: the trainer's interpreter", "spec: `safetensors>=0.4.2`", "exit_code"),
         _kind(HANG_STACKS, "a hang: the stacks taken before the tree is stopped",
-              "attempt", "path: `hang-N.txt`", "processes", "py_spy: `true` when every process's stack was read"),
+              "attempt", "path: `hang-N.txt`", "processes", "py_spy: `true` when every process's stack was "
+                                                            "read"),
         _kind(INFO, "something said once (no GPU readable; a kill that was not for memory)",
               "attempt?", "message"),
         _kind(WARNING, "an adapter's warning on the trainer's start-up summary",
@@ -175,37 +182,45 @@ SECTIONS: Final = (
         _kind(FINISHED, "training finished (a supervisor's last record)",
               "reason", "final_weights", "attempt",
               "trained_with: the list of [`trained-with.json`](../reference/faults.md#trained-with)"),
-        _kind(GAVE_UP, "an end that is not a finish: the restart budget spent, a fault a restart cannot fix, or a "
+        _kind(GAVE_UP, "an end that is not a finish: the restart budget spent, a fault a restart cannot "
+                       "fix, or a "
               "stop by a signal (a supervisor's last record)",
               "reason", "exit_code", "attempt", "trained_with"),
-        _kind(SUPERVISOR_RESTART, "the project's command changed: trainsup starts itself anew on the edited file "
+        _kind(SUPERVISOR_RESTART, "the project's command changed: trainsup starts itself anew on the edited "
+                                  "file "
               "(a supervisor's last record)", "reason", "attempt"),
     )),
     Section("Saved states and what the output dir shows", (
         _kind(STATE_SAVED, "a state is complete",
               "dir", "step: true", "label: the trainer's own number", "attempt"),
-        _kind(STATE_ADOPTED, "a state of your own (your `--resume`, or one found before the first launch) taken "
+        _kind(STATE_ADOPTED, "a state of your own (your `--resume`, or one found before the first launch) "
+                             "taken "
               "into the ledger", "dir", "step"),
-        _kind(STATE_SET_ASIDE, "a state past the resume point, or one cut mid-save, moved out of the trainer's way "
+        _kind(STATE_SET_ASIDE, "a state past the resume point, or one cut mid-save, moved out of the "
+                               "trainer's way "
               "(`RUN_DIR/set-aside/`)", "dir", "step?", "to", "why?", "reason?", "attempt?"),
         _kind(RESUME_EXACT, "sd-scripts: the resume point is the epoch end `epoch_end`",
               "newest: the newest complete state", "step: the newest's", "epoch_end",
               "state: the epoch-end state resumed from"),
-        _kind(RESUME_INEXACT, "sd-scripts: the newest epoch end is too far back; resumed from the newest state, not "
+        _kind(RESUME_INEXACT, "sd-scripts: the newest epoch end is too far back; resumed from the newest "
+                              "state, not "
               "exactly ([Resume](../guides/resume.md))", "newest", "step", "epoch_end", "reason"),
-        _kind(SEGMENT_RELAUNCH, "sd-scripts: the attempt is stopped at an epoch's end and relaunched from it at once",
+        _kind(SEGMENT_RELAUNCH, "sd-scripts: the attempt is stopped at an epoch's end and relaunched from "
+                                "it at once",
               "attempt", "step", "why"),
         _kind(SAVE_PUBLISHED, "a save published under its true name (hard links)", "src", "dst", "step?"),
         _kind(SAVE_HIDDEN, "a save trainsup made on its own account, moved into `RUN_DIR/saves/`",
               "dir", "step?", "to", "why"),
-        _kind(SAVE_PRUNED, "one of trainsup's own saves deleted from `RUN_DIR/saves/` (never a published one)",
+        _kind(SAVE_PRUNED, "one of trainsup's own saves deleted from `RUN_DIR/saves/` (never a published "
+                           "one)",
               "dir", "step"),
         _kind(SAMPLE_PUBLISHED, "a sample published under your output name and its true step",
               "src", "dst", "step?", "epoch?: instead of `step`, for a sample named by its epoch"),
         _kind(SAMPLE_HIDDEN, "an attempt's own sample file moved into `RUN_DIR/saves/samples/`",
               "file", "to", "why"),
         _kind(FINAL_PUBLISHED, "the final weights published under your output name", "src", "dst"),
-        _kind(FINAL_NOT_PUBLISHED, "LitGPT: `OUT/final` exists and is not this run's; the final weights stay where "
+        _kind(FINAL_NOT_PUBLISHED, "LitGPT: `OUT/final` exists and is not this run's; the final weights "
+                                   "stay where "
               "they are", "src", "dst", "reason"),
     )),
     Section("Live edits", (
@@ -216,24 +231,29 @@ SECTIONS: Final = (
         _kind(CHANGE_APPLIED, "the edit reached the trainer", "path", "attempt"),
         _kind(CHANGE_REJECTED, "an invalid edit (or a key that cannot change under a resume), not applied",
               "path", "reason", "line"),
-        _kind(CACHE_INVALIDATED, "stale cache files moved to `RUN_DIR/invalidated/<timestamp>/`", "attempt", "files"),
+        _kind(CACHE_INVALIDATED, "stale cache files moved to `RUN_DIR/invalidated/<timestamp>/`",
+              "attempt", "files"),
     )),
     Section("GPUs, the supervisor and other hosts", (
-        _kind(GPU_RECLAIM, "before a relaunch: the wait for the dead tree's GPU memory ([GPUs](../guides/gpus.md))",
+        _kind(GPU_RECLAIM, "before a relaunch: the wait for the dead tree's GPU memory "
+                           "([GPUs](../guides/gpus.md))",
               "attempt", "waited_s", "reclaimed", "still_held"),
         _kind(GPU_FOREIGN, "other programs hold memory on the trainer's GPUs before a launch",
               "attempt", "processes: gpu, pid, name, MiB each", "waited_s", "still_there"),
         _kind(ORPHAN_STOPPED, "the trainer of a dead supervisor, stopped before this run goes on",
               "attempt", "pids", "seconds"),
-        _kind(ORPHAN_NOT_SIGNALLED, "a dead supervisor's trainer recorded by another host or boot: not signalled",
+        _kind(ORPHAN_NOT_SIGNALLED, "a dead supervisor's trainer recorded by another host or boot: not "
+                                    "signalled",
               "attempt", "host", "boot_id", "pids", "why: `other_host`, `earlier_boot`"),
         _kind(LEASE_TAKEN_OVER, "a dead supervisor's lease taken over "
               "([shared storage](../guides/robustness.md#a-run-dir-on-shared-storage-many-hosts))",
               "host", "boot_id", "pid", "age_s: of the old lease", "origin", "reason"),
         _kind(PREVIOUS_END_UNRECORDED, "the previous supervisor left no end in the journal",
-              "started", "last_event", "last_ts", "attempt?", "fault?", "status_state?: from its `status.json`",
+              "started", "last_event", "last_ts", "attempt?", "fault?", "status_state?: from its "
+                                                                        "`status.json`",
               "exit_code?: from its `status.json`", "reason?: from its `status.json`", dynamic=True),
-        _kind(JOURNAL_LINE_CUT, "the journal's last line was cut (a supervisor killed inside a write): taken off, "
+        _kind(JOURNAL_LINE_CUT, "the journal's last line was cut (a supervisor killed inside a write): "
+                                "taken off, "
               "kept here", "bytes", "text: the cut line, at most 2000 characters"),
         _kind(RECORDS_LOST, "records held on a full disk and dropped for room", "records", "reason"),
         _kind(NOTIFY_FAILED, "a notification could not be sent ([Notifications](../guides/notifications.md))",
@@ -261,7 +281,8 @@ SECTIONS: Final = (
         _kind(ENTRY_LOST, "an entry's supervisor died; it is started again on the same run dir",
               "id", "exit_code", "lost: how many times"),
         _kind(ENTRY_REQUEUED, "put back in the queue when the daemon stops", "id", "reason"),
-        _kind(INBOX_ADDED, "a project file dropped into `STATE/inbox/` was queued", "file", "id", "project", "moved_to"),
+        _kind(INBOX_ADDED, "a project file dropped into `STATE/inbox/` was queued",
+              "file", "id", "project", "moved_to"),
         _kind(INBOX_REJECTED, "... or rejected", "file", "error", "moved_to"),
         _kind(QUEUE_EMPTY, "the last entry ended: the counts per state",
               "queued", "running", "finished", "failed", "stopped", dynamic=True),
