@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import io
 from pathlib import Path
 
 from trainsup.commands.diagnose import build_plan, command_text, diagnose_scan, format_text, plan_remedy
-from trainsup.faults.logscan import scan_log
+from trainsup.faults import logscan
+from trainsup.trainers.registry import known_output
+
+# A log of any trainer is read as ``diagnose`` reads it: with every adapter's output format (its
+# progress lines drop evidence training outlived; its success line).
+KNOWN = known_output()
+scan_log = functools.partial(logscan.scan_log, progress=KNOWN)
+
 
 FLUX = "accelerate launch flux_train_network.py --output_dir o --network_dim 16".split()
 SD = "accelerate launch train_network.py --output_dir o".split()
@@ -58,7 +66,9 @@ def test_serializer_upgrade_names_the_trainers_python() -> None:
 
 
 def test_without_a_command_the_first_rung_is_described() -> None:
-    assert plan_remedy("host_oom_killed", None).changes == ["lower --max_data_loader_n_workers (to half)"]
+    # No trainer known: the neutral ladder, in no trainer's flags; a kohya command gets kohya's wording.
+    assert plan_remedy("host_oom_killed", None).changes == ["lower the DataLoader workers (to half)"]
+    assert plan_remedy("host_oom_killed", build_plan(SD)).changes == ["--max_data_loader_n_workers 4"]
     assert plan_remedy("unknown", None).changes == ["restart from the last safe state"]
     assert plan_remedy("my_user_fault", None).changes == ["restart from the last safe state"]
 
@@ -77,7 +87,7 @@ def test_a_config_file_set_flag_is_removed_through_a_note(tmp_path: Path) -> Non
 
 def test_text_output_of_a_clean_a_failed_and_an_unknown_log() -> None:
     clean = diagnose_scan("ok.log", scan_log(io.BytesIO(b"epoch 1/1\nmodel saved.\n")))
-    assert format_text(clean) == 'ok.log: no fault: the run finished ("model saved.")'
+    assert format_text(clean) == "ok.log: no fault: the run finished (its trainer's success line)"
     oom = b"torch.OutOfMemoryError: CUDA out of memory.\n"
     text = format_text(diagnose_scan("oom.log", scan_log(io.BytesIO(oom)), command=SD))
     assert text.splitlines() == [
@@ -98,3 +108,22 @@ def test_text_output_of_a_clean_a_failed_and_an_unknown_log() -> None:
     assert unknown.fault == "unknown" and unknown.line == 2 and unknown.evidence is not None
     assert unknown.evidence.split("\n") == ["saving checkpoint", "Traceback (most recent call last):",
                                               '  File "train.py", line 9, in <module>']
+
+
+MISMATCH = (b"Traceback (most recent call last):\n  File \"train.py\", line 12, in <module>\n"
+            b"RuntimeError: Expected all tensors to be on the same device, but found at least two devices, "
+            b"cuda:0 and cpu!\n")
+
+
+def test_a_plain_scripts_device_mismatch_names_no_kohya_flag() -> None:
+    """A script no adapter knows (its command in the log, or none): the neutral ladder, no flag of any trainer."""
+    for log in (MISMATCH, b"$ python train.py --epochs 3\n" + MISMATCH):
+        d = diagnose_scan("x.log", scan_log(io.BytesIO(log)))
+        assert d.fault == "device_mismatch" and d.remedy and d.remedy[0].startswith("stop: ")
+        assert not any("--" in change for change in d.remedy), d.remedy
+
+
+def test_a_kohya_command_in_the_log_still_gets_kohyas_remedy() -> None:
+    log = b"Running command: accelerate launch train_network.py --cache_latents --output_dir o\n" + MISMATCH
+    d = diagnose_scan("x.log", scan_log(io.BytesIO(log)))
+    assert d.fault == "device_mismatch" and d.remedy == ["remove --cache_latents"]

@@ -9,15 +9,24 @@ a warning before the exception the log ends with, and an unknown failure that mu
 
 from __future__ import annotations
 
+import functools
 import io
 
 import pytest
 
-from trainsup.commands.diagnose import diagnose_scan, plan_remedy
+from trainsup.commands.diagnose import build_plan, diagnose_scan, plan_remedy
+from trainsup.faults import logscan, scanner
 from trainsup.faults.dumps import DUMP_RULES
-from trainsup.faults.logscan import scan_log
 from trainsup.faults.rules import BUILTIN_RULES
-from trainsup.faults.scanner import Evidence, ExitInfo, FaultScanner, classify_exit, classify_text
+from trainsup.faults.scanner import Evidence, ExitInfo, FaultScanner, classify_exit
+from trainsup.trainers.registry import known_output
+
+# A log of any trainer is read as ``diagnose`` reads it: with every adapter's output format (its
+# progress lines drop evidence training outlived; its success line).
+KNOWN = known_output()
+scan_log = functools.partial(logscan.scan_log, progress=KNOWN)
+classify_text = functools.partial(scanner.classify_text, progress=KNOWN)
+
 
 DIAGNOSE = DUMP_RULES + BUILTIN_RULES
 BNB = ("Failed to load CPU gemm_4bit_forward from kernels-community: No module named 'kernels'. Please make sure "
@@ -272,8 +281,13 @@ def test_the_allocator_rung_is_skipped_when_the_numbers_rule_fragmentation_out(e
     rung = ladder("cuda_oom")[0]
     assert rung.fits(evidence) is useful
     assert (rung.unfit_reason(evidence) is None) is useful
-    first = plan_remedy("cuda_oom", None, evidence).changes
+    kohya = build_plan("accelerate launch train_network.py --output_dir o".split())
+    first = plan_remedy("cuda_oom", kohya, evidence).changes
     assert first == (["set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"] if useful else ["add --gradient_checkpointing"])
+    # No trainer known: the neutral ladder's next rung, in no trainer's flags.
+    neutral = plan_remedy("cuda_oom", None, evidence).changes
+    assert neutral == (["set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"] if useful
+                       else ["halve the batch size and double the gradient accumulation steps"])
 
 
 def test_every_adapters_allocator_rung_reads_the_numbers() -> None:

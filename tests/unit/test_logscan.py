@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import random
 from pathlib import Path
 
 import pytest
 
+from trainsup.faults import logscan, scanner
 from trainsup.faults.linetext import strip_ansi
-from trainsup.faults.logscan import command_from_line, scan_file, scan_log, terminal_lines
-from trainsup.faults.scanner import classify_text
+from trainsup.faults.logscan import command_from_line, terminal_lines
+from trainsup.trainers.registry import known_output
+
+# A log of any trainer is read as ``diagnose`` reads it: with every adapter's output format (its
+# progress lines drop evidence training outlived; its success line).
+KNOWN = known_output()
+scan_log = functools.partial(logscan.scan_log, progress=KNOWN)
+scan_file = functools.partial(logscan.scan_file, progress=KNOWN)
+classify_text = functools.partial(scanner.classify_text, progress=KNOWN)
+
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 FIXTURES = sorted(LOGS.glob("*.log"))

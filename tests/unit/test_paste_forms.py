@@ -3,18 +3,25 @@ launcher tracebacks, tracebacks cut before their exception line, import-time ver
 
 from __future__ import annotations
 
+import functools
 import io
 
 import pytest
 
 from trainsup.commands.diagnose import diagnose_scan
+from trainsup.faults import logscan, scanner
 from trainsup.faults.dumps import DUMP_RULES
 from trainsup.faults.linetext import clean_line, rank_tag
-from trainsup.faults.logscan import scan_log
 from trainsup.faults.remedies import Action, required_spec, upgrade_spec
 from trainsup.faults.rules import BUILTIN_RULES
-from trainsup.faults.scanner import classify_text
-from trainsup.trainers.registry import family_rules
+from trainsup.trainers.registry import family_rules, known_output
+
+# A log of any trainer is read as ``diagnose`` reads it: with every adapter's output format (its
+# progress lines drop evidence training outlived; its success line).
+KNOWN = known_output()
+scan_log = functools.partial(logscan.scan_log, progress=KNOWN)
+classify_text = functools.partial(scanner.classify_text, progress=KNOWN)
+
 
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 MiB. GPU 0 has a total capacity of 11.7 GiB"
 

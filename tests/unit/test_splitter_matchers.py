@@ -1,6 +1,6 @@
 """Line splitting and the progress/bookkeeping matchers."""
 
-from trainsup.faults import matchers
+from trainsup.adapters.kohya import output as matchers  # the line formats are kohya's own
 from trainsup.faults.splitter import LineSplitter
 
 

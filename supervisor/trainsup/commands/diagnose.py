@@ -2,9 +2,12 @@
 
 Each log is read by ``logscan`` with the live supervisor's scanner and rule table (the policy's
 user rules first).  The diagnosis names the fault class, the evidence line and its number, the
-rule's explanation, the remedy ``trainsup run`` would apply (the first rung of
-``remedies.ladder(fault)`` that changes this command, chosen as the engine chooses it) and, when
-the trainer's command is known (from the log, or ``--command``), the corrected command line.
+rule's explanation, the remedy ``trainsup run`` would apply (the first rung of the trainer's ladder
+that changes this command, chosen as the engine chooses it; with no command known, the first rung of
+the trainer-neutral ``remedies.DEFAULT``, which names no trainer's flags) and, when the trainer's
+command is known (from the log, or ``--command``), the corrected command line.  The log is read
+with every known adapter's output format (``registry.known_output``): any trainer's progress drops
+the evidence training outlived, and any trainer's success line says the run finished.
 
 A clean log is a classification too: no fault.  A log that failed with no rule matching is
 ``unknown``, and says how: the exception line or signal death it ends with, else (a launcher's
@@ -28,11 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..faults.classes import fault_class, not_restartable
 from ..faults.dumps import DUMP_RULES
 from ..faults.ending import UNKNOWN_WHY
 from ..faults.linetext import strip_ansi
 from ..faults.logscan import LogScan, scan_file, scan_log
-from ..faults.remedies import NOT_RESTARTABLE, Action, Rung, required_spec, stop, upgrade_spec
+from ..faults.remedies import Action, Rung, required_spec, stop, upgrade_spec
 from ..faults.remedies import ladder as builtin_ladder
 from ..faults.rules import BUILTIN_RULES, FaultRule
 from ..faults.userrules import compose_rules
@@ -40,7 +44,7 @@ from ..record.journal import read_events
 from ..run.decide import select_rung, stops_at_once
 from ..trainers.base import Plan, Setup, TrainerRun, rung_applies
 from ..trainers.interpreter import upgrade_command
-from ..trainers.registry import family_rules, open_run
+from ..trainers.registry import family_rules, known_output, open_run
 
 _ATTEMPT_LOG = re.compile(r"^attempt-(\d+)\.log$")
 
@@ -108,7 +112,7 @@ def _pip(action: Action, known: Known | None, evidence: str | None) -> tuple[str
 
 def plan_remedy(fault: str, plan: Known | None, evidence: str | None = None,
                 apply_to: Known | None = None, allow_upgrade: bool = True,
-                fatal: frozenset[str] = NOT_RESTARTABLE) -> Remedy:
+                fatal: frozenset[str] = not_restartable()) -> Remedy:
     """The remedy trainsup run would apply after this fault on a first attempt.
 
     ``plan`` decides which rung applies (without one, the first); the rung is then applied to
@@ -119,7 +123,7 @@ def plan_remedy(fault: str, plan: Known | None, evidence: str | None = None,
     known = plan or apply_to
     ladder = known.trainer.ladder if known is not None else builtin_ladder
     if fault in fatal:
-        rung = ladder(fault)[0] if fault in NOT_RESTARTABLE else stop("its rule says a restart cannot fix it")
+        rung = ladder(fault)[0] if not fault_class(fault).restartable else stop("its rule says a restart cannot fix it")
     else:
         # Without a command every rung may apply: say what the first one does.
         chosen = select_rung(fault, 0, (lambda r: rung_applies(plan.trainer, plan.plan, r, evidence))
@@ -284,8 +288,9 @@ def diagnose_path(path: str, rules: Sequence[FaultRule], command: list[str] | No
                   allow_upgrade: bool = True) -> Diagnosis:
     """Diagnose a file, or stdin for ``-``.  Raises OSError when the input cannot be read."""
     if path == "-":
-        return diagnose_scan("-", scan_log(sys.stdin.buffer, rules), rules, command, allow_upgrade)
-    diagnosis = diagnose_scan(path, scan_file(path, rules), rules, command, allow_upgrade, journaled_ending(Path(path)))
+        return diagnose_scan("-", scan_log(sys.stdin.buffer, rules, progress=known_output()), rules, command,
+                             allow_upgrade)
+    diagnosis = diagnose_scan(path, scan_file(path, rules, progress=known_output()), rules, command, allow_upgrade, journaled_ending(Path(path)))
     if diagnosis.fault is not None:
         diagnosis.applied = journaled_remedy(Path(path))
     return diagnosis
@@ -311,7 +316,7 @@ def expand_paths(paths: Sequence[str]) -> list[str]:
 
 def format_text(d: Diagnosis) -> str:
     if d.fault is None:
-        why = 'the run finished ("model saved.")' if d.success else "no fault found in the log"
+        why = "the run finished (its trainer's success line)" if d.success else "no fault found in the log"
         return f"{d.file}: no fault: {why}"
     head = f"{d.file}: {d.fault}" + (f" at line {d.line}" if d.line is not None else " (no evidence line)")
     out = [head]

@@ -9,17 +9,19 @@ the text after the last ``\\r`` (a trailing ``\\r``, as in ``\\r\\n``, overwrite
 that ends a line, a traceback glued to a bar included, is therefore always read; what a later
 redraw overwrote was a progress bar (logging, print and tracebacks end with ``\\n``).  This is
 what makes multi-GB logs cheap: a training bar redrawn a million times costs one line.  A NaN
-loss is not lost by it either: kohya's running average stays NaN once it is.  A file whose first
+loss is not lost by it either: a trainer's running average stays NaN once it is.  A file whose first
 MiB holds ``\\r`` but no ``\\n`` is taken for ``\\r``-terminated (old Mac style) and every
-``\\r`` then ends a line.  As in the live supervisor, plain ``steps`` bars (ending in ``]``,
-without ``nan``) are not scanned; the scanner only hears of the newest one before each line it
-reads, which is all it needs to know that training went on after some evidence.
+``\\r`` then ends a line.  As in the live supervisor, plain redraws of the trainer's progress (the
+``ProgressFormat`` given: ``diagnose`` gives every known adapter's) are not scanned; the scanner
+only hears of the first and the newest of a run of them before each line it reads, which is all it
+needs to know that training went on after some evidence.  The format's success marker says the run
+finished.
 
 Line numbers are the ones editors, ``sed -n Np`` and ``grep -n`` give: ``\\n`` starts a line.
 The whole log is read: evidence early in a log is dropped when training went on after it.
 
-The log may also show the trainer's command line, which a diagnosis can then correct.  kohya's
-scripts do not echo their argv, but what launched them often does: GUIs and wrappers print
+The log may also show the trainer's command line, which a diagnosis can then correct.  Many
+training scripts do not echo their argv, but what launched them often does: GUIs and wrappers print
 ``Running command: ...`` / ``Executing command: ...``, shell transcripts hold the ``accelerate
 launch ...`` or ``python ... train_network.py ...`` line itself, and accelerate's
 ``CalledProcessError`` names the child's argv as a Python list.  The first explicit line wins; the
@@ -41,8 +43,8 @@ from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import BinaryIO
 
-from . import matchers
 from .linetext import clean_line
+from .progress import ProgressFormat, hints_of
 from .rules import BUILTIN_RULES, FaultRule
 from .scanner import Evidence, FaultScanner
 from .splitter import DEFAULT_MAX_LINE, LineSplitter
@@ -134,7 +136,7 @@ class LogScan:
     lines: int  # lines read
     failed: bool  # the run visibly failed: root evidence after any success, the launcher said so,
     #               or a traceback ended it
-    success: bool  # kohya's "model saved." with no failure after it
+    success: bool  # the trainer's success marker with no failure after it
     command: list[str] | None  # the trainer's command line, when the log shows it
     last_lines: tuple[tuple[str, int], ...] = ()  # the last lines that were not bars, (line, lineno)
 
@@ -199,8 +201,10 @@ def terminal_lines(fh: BinaryIO, max_line: int = DEFAULT_MAX_LINE,
 class _Selector:
     """Picks the lines worth feeding to the scanner, and notes the signs read around them."""
 
-    def __init__(self, max_line: int) -> None:
+    def __init__(self, max_line: int, progress: ProgressFormat | None = None) -> None:
         self.max_line = max_line
+        self.progress = progress
+        self._hints = tuple(h.encode() for h in hints_of(progress))
         self.lineno = 0
         self.last_traceback = self.last_progress = self.last_success = 0
         self.finder = CommandFinder()
@@ -220,7 +224,7 @@ class _Selector:
             if b"%|" in raw:  # any progress bar past its start: the process went on
                 if b"| 0/" not in raw:  # (tqdm draws a 0/N bar as it closes after a traceback)
                     self.last_progress = lineno
-                if b"steps:" in raw and raw.endswith(b"]") and b"nan" not in raw:
+                if self._plain(raw):
                     # A plain bar redraw carries no fault evidence (as in the live supervisor); the
                     # first and the newest of a run of them go along, as BAR lines, before the next
                     # line read (the first tells where training stood after evidence before it).
@@ -235,13 +239,18 @@ class _Selector:
             text = raw.decode("utf-8", "replace")  # as LineSplitter decodes: garbage never stops us
             if b"Traceback" in raw:
                 self.last_traceback = lineno
-            elif b"model saved." in raw and matchers.is_success(clean_line(text)):
+            elif self.progress is not None and self.progress.is_success(text):
                 self.last_success = lineno
             if ("ommand" in text or "launch" in text or "python" in text) and finder.wanted:
                 finder.offer(text)  # (the test is CommandFinder.gate, spelled out: it runs on every line)
             out.append((lineno, text))
         self.lineno = lineno
         return out
+
+    def _plain(self, raw: bytes) -> bool:
+        """A plain redraw of the trainer's progress (its format says so)."""
+        return (self.progress is not None and any(h in raw for h in self._hints)
+                and self.progress.is_plain_redraw(raw.decode("utf-8", "replace")))
 
     def finish(self) -> list[tuple[int, str]]:
         """What is still held at the end of the file: the last plain bar."""
@@ -274,8 +283,8 @@ class _Signs:
 class _Verdict:
     """The scanner side: feeds the selected lines (a negative line number marks a plain bar)."""
 
-    def __init__(self, rules: Sequence[FaultRule]) -> None:
-        self.scanner = FaultScanner(rules)
+    def __init__(self, rules: Sequence[FaultRule], progress: ProgressFormat | None = None) -> None:
+        self.scanner = FaultScanner(rules, progress)
 
     def feed(self, lines: list[tuple[int, str]]) -> None:
         feed, note_bar = self.scanner.feed, self.scanner.note_bar
@@ -298,10 +307,10 @@ class _Verdict:
 
 
 def scan_log(fh: BinaryIO, rules: Sequence[FaultRule] = BUILTIN_RULES,
-             chunk_size: int = CHUNK_SIZE) -> LogScan:
+             chunk_size: int = CHUNK_SIZE, progress: ProgressFormat | None = None) -> LogScan:
     """Classify one log with the live scanner; see the module doc for what is read."""
-    verdict = _Verdict(rules)
-    selector = _Selector(DEFAULT_MAX_LINE)
+    verdict = _Verdict(rules, progress)
+    selector = _Selector(DEFAULT_MAX_LINE, progress)
     for batch in _batches(fh, DEFAULT_MAX_LINE, chunk_size):
         verdict.feed(selector.select(batch))
     verdict.feed(selector.finish())
@@ -316,7 +325,7 @@ def _usable_cpus() -> int:
 
 
 def scan_file(path: str, rules: Sequence[FaultRule] = BUILTIN_RULES, chunk_size: int = CHUNK_SIZE,
-              parallel: bool | None = None) -> LogScan:
+              parallel: bool | None = None, progress: ProgressFormat | None = None) -> LogScan:
     """``scan_log`` on a file by name.  A big file (``PARALLEL_MIN`` bytes and up, with a second
     CPU) is read and pre-selected by a second process while this one scans, in the same order:
     the verdict is the same, it only comes sooner.  Raises OSError when the file cannot be read."""
@@ -325,16 +334,16 @@ def scan_file(path: str, rules: Sequence[FaultRule] = BUILTIN_RULES, chunk_size:
         parallel = size >= PARALLEL_MIN and _usable_cpus() >= 2
     if not parallel:
         with open(path, "rb", buffering=0) as fh:
-            return scan_log(fh, rules, chunk_size)
+            return scan_log(fh, rules, chunk_size, progress)
     with open(path, "rb"):
         pass  # fail here, in this process, when it cannot be opened
     ctx = multiprocessing.get_context()
     receive, send = ctx.Pipe(duplex=False)
-    reader = ctx.Process(target=_select_file, args=(path, send, chunk_size), daemon=True,
+    reader = ctx.Process(target=_select_file, args=(path, send, chunk_size, progress), daemon=True,
                          name="trainsup-diagnose-reader")
     reader.start()
     send.close()
-    verdict = _Verdict(rules)
+    verdict = _Verdict(rules, progress)
     signs = _Signs()
     try:
         while True:
@@ -360,9 +369,9 @@ def scan_file(path: str, rules: Sequence[FaultRule] = BUILTIN_RULES, chunk_size:
     return verdict.result(signs)
 
 
-def _select_file(path: str, send: Connection, chunk_size: int) -> None:
+def _select_file(path: str, send: Connection, chunk_size: int, progress: ProgressFormat | None) -> None:
     """The reader process: batches of selected lines, then the signs, through ``send``."""
-    selector = _Selector(DEFAULT_MAX_LINE)
+    selector = _Selector(DEFAULT_MAX_LINE, progress)
     command = None
     try:
         with open(path, "rb", buffering=0) as fh:

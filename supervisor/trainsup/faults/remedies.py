@@ -1,15 +1,24 @@
-"""Owns remedies: declarative edits of a launch, and the ladder of them for each fault class.
+"""Owns remedies: declarative edits of a launch, the trainer-neutral default ladder of them for each
+fault class, and the ladder machinery every adapter's own ladders use.
 
 A ``Remedy`` is a tuple of ``Action``s; ``describe()`` prints it, the journal records it, and it is
 applied to a ``LaunchPlan`` (see ``run.plan``). When the same fault comes back after a rung, the next
 rung applies. A rung none of whose actions applies to this command (the flag is absent, or the script
-has no such flag) is skipped. Ladders follow the defaults in the project's fault table.
+has no such flag) is skipped.
+
+``DEFAULT`` knows no trainer: it restarts from the last safe state where a restart can help, stops
+with the diagnosis where it cannot, and otherwise holds only what means the same for every trainer
+(an environment variable, a package upgrade, a wait for other programs' GPU memory) or an abstract
+action each adapter carries out in its own terms (``halve_batch``, ``lower_workers``: a trainer
+without such a setting skips the rung). Each adapter's ``remedies`` module holds its own ladders, in
+its own flags, and falls back on ``DEFAULT``; an action an adapter builds carries the adapter's
+wording (``says``), so no trainer's flags are printed for another's.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from .linetext import clean_line
@@ -24,8 +33,12 @@ class Action:
     kind: ActionKind
     name: str = ""  # flag, env var or package spec
     value: str | None = None  # flag value, env value; for "stop" the reason
+    # How the adapter that built the action says it to a person (its own flags); None: the neutral words.
+    says: str | None = field(default=None, compare=False)
 
     def describe(self) -> str:
+        if self.says is not None:
+            return self.says
         if self.kind == "add_flag":
             return f"add --{self.name}" + (f" {self.value}" if self.value is not None else "")
         if self.kind == "remove_flag":
@@ -35,9 +48,9 @@ class Action:
         if self.kind == "upgrade":
             return f"upgrade {self.name} in the trainer's interpreter"
         if self.kind == "halve_batch":
-            return "halve --train_batch_size and double --gradient_accumulation_steps"
+            return "halve the batch size and double the gradient accumulation steps"
         if self.kind == "lower_workers":
-            return f"lower --max_data_loader_n_workers (to {self.value})"
+            return f"lower the DataLoader workers (to {self.value})"
         if self.kind == "wait_foreign":
             return "wait for other programs to free the GPUs' memory, then restart with the same flags"
         if self.kind == "restart":
@@ -84,21 +97,14 @@ RESTART = Rung((Action("restart"),), repeat=True)
 # ladder changes any flag (repeat: the ladder stays where it was).
 WAIT_FOREIGN = Rung((Action("wait_foreign"),), repeat=True)
 
-LADDERS: dict[str, tuple[Rung, ...]] = {
-    "meta_tensor": (
-        Rung((Action("add_flag", "fp8_base"),)),
-        stop("weights stayed on the meta device even with --fp8_base: the model or VAE/AE file's "
-             "key layout does not match this script; check --pretrained_model_name_or_path and --ae/--vae"),
-    ),
-    "device_mismatch": (
-        Rung(_flags("remove_flag", "cache_latents", "cache_latents_to_disk")),
-        Rung(_flags("remove_flag", "cache_text_encoder_outputs", "cache_text_encoder_outputs_to_disk")),
-        stop("tensors are still on two devices with latent and text-encoder caching off"),
-    ),
+DEFAULT: dict[str, tuple[Rung, ...]] = {
+    "meta_tensor": (stop("weights stayed on the meta device: the model file's key layout does not match this "
+                         "script; check the model path it loads"),),
+    "device_mismatch": (stop("tensors are on two devices (the code moves one to a device and not the other); "
+                             "a restart cannot fix it"),),
     "te_cache_none": (
         Rung((Action("restart"),)),
-        Rung(_flags("remove_flag", "cache_text_encoder_outputs", "cache_text_encoder_outputs_to_disk")),
-        stop("sample prompts still find no text-encoder output with caching off"),
+        stop("sample prompts still find no text-encoder output after a restart"),
     ),
     "fp8_serializer": (
         Rung((Action("upgrade", "safetensors>=0.4.2"),)),
@@ -106,10 +112,7 @@ LADDERS: dict[str, tuple[Rung, ...]] = {
     ),
     "cuda_oom": (
         Rung((Action("set_env", "PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),)),
-        Rung((Action("add_flag", "gradient_checkpointing"),)),
-        Rung((Action("add_flag", "fp8_base"),)),
         Rung((Action("halve_batch"),)),
-        Rung((Action("add_flag", "blocks_to_swap", "8"),)),
         stop("out of GPU memory after every memory remedy"),
     ),
     "shm_exhausted": (
@@ -124,28 +127,15 @@ LADDERS: dict[str, tuple[Rung, ...]] = {
     "nan_loss": (
         Rung((Action("restart"),)),
         stop("the loss became NaN again after resuming from the last state saved before it; "
-             "lower --learning_rate"),
+             "lower the learning rate"),
     ),
-    "nan_latents": (
-        Rung((Action("add_flag", "no_half_vae"),)),
-        stop("NaN latents even with --no_half_vae"),
-    ),
+    "nan_latents": (stop("the VAE encodes NaN latents at this precision; run it in float32"),),
     "host_oom_killed": (
         Rung((Action("lower_workers", value="half"),)),
-        Rung((Action("add_flag", "lowram"),)),
         RESTART,
     ),
-    "flag_conflict": (
-        # Drop the caching flag the assertion names; never the augmentation the user asked for.
-        Rung(_flags("remove_flag", "cache_latents", "cache_latents_to_disk"), when=r"(?i)caching latents|latent"),
-        Rung(_flags("remove_flag", "cache_text_encoder_outputs", "cache_text_encoder_outputs_to_disk"),
-             when=r"(?is)^(?!.*latent).*(?:text.?encoder|cach)"),
-        stop("the trainer rejects this combination of options"),
-    ),
-    "fp8_op_unsupported": (
-        Rung(_flags("remove_flag", "fp8_base", "fp8_base_unet")),
-        stop("an op without a float8 kernel is still hit with --fp8_base off"),
-    ),
+    "flag_conflict": (stop("the trainer rejects this combination of options"),),
+    "fp8_op_unsupported": (stop("an op without a float8 kernel is hit; turn float8 weights off"),),
     "config_error": (stop("the command or its files are wrong; a restart cannot fix it"),),
     "missing_dependency": (stop("the trainer's environment lacks a package; a restart cannot fix it"),),
     "disk_full": (stop("the disk is full; free space yourself (trainsup never deletes checkpoints)"),),
@@ -158,12 +148,12 @@ LADDERS: dict[str, tuple[Rung, ...]] = {
     "unknown": (RESTART,),
 }
 
-# A restart cannot fix these: stop at once with the diagnosis (exit 4).
-NOT_RESTARTABLE = frozenset({"config_error", "missing_dependency", "disk_full"})
 
-
-def ladder(fault: str) -> tuple[Rung, ...]:
-    return LADDERS.get(fault, LADDERS["unknown"])
+def ladder(fault: str, own: dict[str, tuple[Rung, ...]] | None = None) -> tuple[Rung, ...]:
+    """The ladder of ``fault``: an adapter's ``own`` one, else the neutral default, else a restart."""
+    if own is not None and fault in own:
+        return own[fault]
+    return DEFAULT.get(fault, DEFAULT["unknown"])
 
 
 # transformers' import-time dependency check (``dependency_versions_check``): ``ImportError:

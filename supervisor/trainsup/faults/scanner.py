@@ -14,8 +14,11 @@ its child), then a traceback judged by its frames, then what the log ends with: 
 else the newer of the last other evidence and the ``unknown`` exception it ends with.  Evidence that
 training outlived is dropped (see ``verdict``).  A message rich or a terminal wrapped is read across
 its rows: a later row may name a more specific fault than the first one did.  ``classify_exit``
-combines the verdict with the exit status: a run that exits 0 with kohya's success marker has
+combines the verdict with the exit status: a run that exits 0 with its trainer's success marker has
 finished, whatever it printed on the way.
+
+The scanner knows no trainer: it is given the trainer's ``ProgressFormat`` (the adapter's output
+format; ``diagnose`` gives every known one) and asks it which lines are the trainer's progress.
 
 Cost: nearly every line is a progress bar or an info log, and those must cost a
 few microseconds at most.  Only lines holding one of the literal keys derived from
@@ -37,6 +40,7 @@ from .frames import framed as _framed
 from .keys import KeyIndex
 from .keys import is_cut as _cut
 from .linetext import bar_tail, clean_line, rank_tag, starts_record
+from .progress import ProgressFormat, hints_of
 from .rules import BUILTIN_RULES, IGNORED_LINE_PATTERNS, FaultRule
 from .tracebacks import CHAINED, FRAME, STALE_LINES, TRACEBACK, Tracebacks
 from .userrules import compose_rules, load_user_rules
@@ -69,8 +73,10 @@ _KNOWN_LINES = 4096  # distinct short lines whose cleaning is remembered
 class FaultScanner:
     """Classifies one attempt's output line by line; use one scanner per attempt."""
 
-    def __init__(self, rules: Sequence[FaultRule] = BUILTIN_RULES) -> None:
+    def __init__(self, rules: Sequence[FaultRule] = BUILTIN_RULES, progress: ProgressFormat | None = None) -> None:
         self._rules = tuple(rules)
+        self._progress = progress
+        self._hints = hints_of(progress)
         self._frame_rules = cut_rules(self._rules)
         self._excludes = [tuple(re.compile(p) for p in r.excludes) for r in self._rules]
         self._lookalikes = [tuple(re.compile(p) for p in r.lookalikes) for r in self._rules]
@@ -108,10 +114,11 @@ class FaultScanner:
         for n, rule in enumerate(self._rules):
             priority.setdefault(rule.id, n)
         # The candidates for the verdict, one per kind (see the module doc).
-        self._held = Held(frozenset(r.id for r in self._rules if r.live), priority)
+        self._held = Held(frozenset(r.id for r in self._rules if r.live), priority,
+                          progress.progress if progress is not None else None)
         self._reads = LineReads(self._rules, self._held)
         self._child: tuple[int | None, int | None] | None = None
-        self._known: dict[str, tuple[str, bool, bool, bool, bool]] = {}  # see _prepare
+        self._known: dict[str, tuple[str, bool, bool, bool, bool, bool]] = {}  # see _prepare
 
     @property
     def verdict(self) -> Evidence | None:
@@ -122,8 +129,8 @@ class FaultScanner:
         return self._held.verdict
 
     def note_bar(self, line: str) -> None:
-        """Tell the scanner of a training bar it was not fed (a plain redraw): evidence seen
-        before the bar moves on did not end the run."""
+        """Tell the scanner of a line of the trainer's progress it was not fed (a plain redraw):
+        evidence seen before the progress moves on did not end the run."""
         if self._tail_at is not None:
             self._tail_at = None
             self._held.withdraw_tail()
@@ -179,7 +186,7 @@ class FaultScanner:
         known = self._known.get(raw_line)
         if known is None:
             known = self._prepare(raw_line)
-        text, hit, record, bar, wanted = known
+        text, hit, record, bar, wanted, hinted = known
         rows = self._rows
         if not text or record:
             rows.clear()  # nothing before this line can be part of its message
@@ -195,6 +202,11 @@ class FaultScanner:
         if wanted or reads.table:
             read = reads.read(text, raw_line, lineno)
             read_ev = self._record(read) if read is not None else None
+        if hinted:
+            if self._progress is not None and self._progress.progress(text) is not None:
+                self._held.note_bar(text)  # the trainer's own progress (a tqdm bar or not)
+            elif bar:
+                self._held.draw(text)
         index = self._index
         if not hit and not bar:
             # The common case, an ordinary line holding no key: it can only complete
@@ -213,10 +225,8 @@ class FaultScanner:
                 rows.clear()
             return read_ev
         tail = None
-        if "%|" in text:
-            if "steps:" in text:
-                self._held.note_bar(text)
-            else:
+        if bar:
+            if not hinted:
                 self._held.draw(text)
             tail = bar_tail(text)
         ev, structural = self._scan(text, raw_line, lineno) if hit else (None, False)
@@ -240,9 +250,10 @@ class FaultScanner:
             self._key_row = lineno
         return self._record(ev) or read_ev
 
-    def _prepare(self, raw: str) -> tuple[str, bool, bool, bool, bool]:
+    def _prepare(self, raw: str) -> tuple[str, bool, bool, bool, bool, bool]:
         """The line's bare text, whether it holds a key, whether it starts a record, whether it is a
-        progress bar, whether ``ending.LineReads`` wants it (see ``wanted``).
+        progress bar, whether ``ending.LineReads`` wants it (see ``wanted``), whether it holds the
+        trainer's progress hint.
 
         All of them depend on the line alone, and rich logs repeat many lines exactly
         (continuation rows, records in the same second print no time), so short
@@ -251,7 +262,8 @@ class FaultScanner:
         text = clean_line(raw)
         if len(text) > _HEAD + _TAIL:
             text = text[:_HEAD] + "\n" + text[-_TAIL:]
-        known = (text, bool(text) and self._index.hit(text), starts_record(raw), "%|" in text, wanted(text))
+        known = (text, bool(text) and self._index.hit(text), starts_record(raw), "%|" in text, wanted(text),
+                 any(h in text for h in self._hints))
         if len(raw) <= _MAX_ROW:
             if len(self._known) >= _KNOWN_LINES:
                 self._known.clear()  # a crude bound; the lines worth keeping come back quickly
@@ -393,9 +405,10 @@ class FaultScanner:
         return ev
 
 
-def classify_text(lines: Iterable[str], rules: Sequence[FaultRule] = BUILTIN_RULES) -> Evidence | None:
+def classify_text(lines: Iterable[str], rules: Sequence[FaultRule] = BUILTIN_RULES,
+                  progress: ProgressFormat | None = None) -> Evidence | None:
     """The verdict for a finished log; an item may hold several ``\\n``/``\\r`` separated lines."""
-    scanner = FaultScanner(rules)
+    scanner = FaultScanner(rules, progress)
     lineno = 0
     for chunk in lines:
         for line in re.split(r"\r\n|\r|\n", chunk.rstrip("\r\n")):

@@ -17,9 +17,10 @@
 
 Each candidate remembers the progress seen when it was recorded; progress after it means it did
 not end the run and drops it (``live`` stays):
-- the trainer's ``steps`` bar: ``last`` evidence is dropped when the bar moves past where it stood;
-  every other kind when the bar rose twice after it (the first bar after a traceback may be tqdm's
-  closing redraw, one step on: a crash pasted with one more bar line is still a crash);
+- the trainer's own progress (its adapter's progress parser: kohya's ``steps`` bar, LitGPT's ``iter``
+  lines, OneTrainer's ``step`` bar, ...): ``last`` evidence is dropped when the step moves past where
+  it stood; every other kind when it rose twice after it (the first bar after a traceback may be
+  tqdm's closing redraw, one step on: a crash pasted with one more bar line is still a crash);
 - any other tqdm bar (a sampler's, a GUI's, another trainer's): when it rose twice after the
   evidence (``last`` also when it rose to its end);
 - metric lines that name a finite loss (``{'loss': 1.2, ...}``, ``Step 5 | loss:0.9``): two of
@@ -32,10 +33,10 @@ sampled) still ended the run.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from .matchers import parse_progress
+from .progress import Progress
 
 __all__ = ["Evidence", "Held"]
 
@@ -44,7 +45,7 @@ _TQDM = re.compile(r"([^\]|%]{0,40}?)\s*\d+%\|[^|]*\|\s*(\d+)/(\d+)")
 _METRICS = ("(metrics)", 0)  # the identity metric lines count under, as if they were a bar
 _FIRSTS = ("cause", "anchored")
 # A traceback's exception line, a first cause, a traceback judged by its frames and a NaN loss are
-# outlived by the trainer's ``steps`` bar only: another rank may still draw its bars after a rank died.
+# outlived by the trainer's own progress only: another rank may still draw its bars after a rank died.
 _OUTLIVED_BY_ANY_BAR = frozenset({"last", "ending", "tail"})
 
 
@@ -71,20 +72,23 @@ class _Slot:
     """A held candidate and the progress seen since it was recorded."""
 
     ev: Evidence
-    base: int | None  # the steps bar's step when it was recorded (None: no bar drawn yet)
+    base: int | None  # the trainer's step when it was recorded (None: no progress shown yet)
     bars: dict[tuple[str, int], tuple[int, int]]  # any bar's identity -> (highest step, rises) since
-    first: int | None = None  # with no base: the first steps bar after it (maybe tqdm's closing redraw)
+    first: int | None = None  # with no base: the first progress after it (maybe tqdm's closing redraw)
     ended: bool = False  # some other bar rose to its end from below
 
 
 class Held:
-    """The verdict's candidates; ``priority``: each fault's first place in the rule table."""
+    """The verdict's candidates; ``priority``: each fault's first place in the rule table;
+    ``progress``: the trainer's progress parser (None: no line is the trainer's progress)."""
 
-    def __init__(self, live_ids: frozenset[str], priority: Mapping[str, int]) -> None:
+    def __init__(self, live_ids: frozenset[str], priority: Mapping[str, int],
+                 progress: Callable[[str], Progress | None] | None = None) -> None:
+        self._parse = progress
         self._live_ids = live_ids
         self._priority = priority
         self._held: dict[str, _Slot] = {}
-        self.bar: str | None = None  # the newest ``steps`` bar seen
+        self.bar: str | None = None  # the newest line of the trainer's progress seen (parsed when needed)
         self._drawn: str | None = None  # the newest bar of any kind seen
         self._metrics = 0  # metric lines seen
 
@@ -107,12 +111,13 @@ class Held:
         return last.ev if last is not None else None
 
     def note_bar(self, line: str) -> None:
-        """The trainer's ``steps`` bar, fed or not: evidence it outlived is dropped."""
+        """A line of the trainer's progress, fed or not: evidence it outlived is dropped."""
         self.bar = line
-        self.draw(line)
+        if "%|" in line:  # a tqdm bar is a bar like any other too
+            self.draw(line)
         if not self._held:
             return
-        step = _bar_step(line)
+        step = self._step(line)
         for kind, slot in list(self._held.items()):
             if kind == "live":
                 continue
@@ -128,7 +133,7 @@ class Held:
                 del self._held[kind]
 
     def draw(self, line: str) -> None:
-        """Any tqdm bar seen (the trainer's ``steps`` bar too): drop evidence it outlived."""
+        """Any tqdm bar seen (the trainer's own too): drop evidence it outlived."""
         self._drawn = line
         if not self._held:
             return
@@ -183,8 +188,14 @@ class Held:
             if old.lineno == ev.lineno and self._priority.get(ev.fault, 0) < self._priority.get(old.fault, 0):
                 del self._held[other]
         if kind not in self._held or kind in ("last", "tail"):
-            self._held[kind] = _Slot(ev, _bar_step(self.bar) if self.bar is not None else None, self._bars_now())
+            self._held[kind] = _Slot(ev, self._step(self.bar) if self.bar is not None else None, self._bars_now())
         return ev
+
+    def _step(self, line: str) -> int:
+        """The step a progress line shows; 0 for one that does not parse (tqdm may draw its 0/N bar
+        only when it is closed, after the traceback)."""
+        progress = self._parse(line) if self._parse is not None else None
+        return 0 if progress is None else progress.step
 
     def _bars_now(self) -> dict[tuple[str, int], tuple[int, int]]:
         """Where the newest bar of any kind stands: the baseline a slot's rises count from."""
@@ -202,10 +213,3 @@ def _tqdm(line: str) -> tuple[tuple[str, int], int] | None:
     if last is None:
         return None
     return (last.group(1).strip(), int(last.group(3))), int(last.group(2))
-
-
-def _bar_step(bar: str | None) -> int:
-    """The step a training bar shows; 0 before the first bar (tqdm may draw its 0/N bar only
-    when it is closed, after the traceback) and for a bar that does not parse."""
-    progress = parse_progress(bar) if bar is not None else None
-    return 0 if progress is None else progress.step

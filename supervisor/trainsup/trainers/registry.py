@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import Any
 
+from ..faults.progress import AnyProgress
 from ..faults.rules import FaultRule
 from .base import Setup, TrainerFamily, TrainerRun, UsageError
 
@@ -40,6 +41,11 @@ def family_rules() -> tuple[FaultRule, ...]:
     """Every adapter's own fault rules (``TrainerFamily.rules``): ``diagnose`` reads logs whose
     trainer it may not know, so it tries them all before the built-in table."""
     return tuple(rule for family in families().values() for rule in family.rules())
+
+
+def known_output() -> AnyProgress:
+    """Every family's output format at once, for a log whose trainer is not known (``diagnose``)."""
+    return AnyProgress([family.output() for family in families().values()])
 
 
 def choose(argv: Sequence[str], trainer: str | Mapping[str, Any] | None = None) -> TrainerFamily:

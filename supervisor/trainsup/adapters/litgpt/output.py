@@ -9,7 +9,7 @@ No line says that a save finished: LoRA and adapter saves print nothing, and ``f
 ``pretrain`` print ``Saving checkpoint to '...'`` *before* writing. A save happens right after the
 log line (and the validation) of a step that is a multiple of ``--train.save_interval``, inside the
 training loop; so the next iteration's line, or ``Final evaluation`` after the loop, means that save
-is over. ``state_completed`` then answers '' (look on disk), and the state store checks the folder.
+is over. ``state_completed`` then answers ``StateSaved()`` (look on disk), and the state store checks the folder.
 
 ``Validating ...`` starts an evaluation with a sampled answer (the hang clock's "sampling" phase);
 ``Saving checkpoint to`` starts "saving". Both end when a later step shows.
@@ -20,8 +20,8 @@ from __future__ import annotations
 import math
 import re
 
-from ...faults.matchers import Progress
-from ...trainers.base import OutputFormat
+from ...faults.progress import Progress
+from ...trainers.base import OutputFormat, StateSaved
 
 _PROGRESS = re.compile(
     r"Epoch (?P<epoch>\d+) \| iter (?P<iter>\d+) step (?P<step>\d+) \| loss train: (?P<loss>\S+?),"
@@ -69,7 +69,7 @@ class LitOutput(OutputFormat):
         rate = 1000.0 / (ms * self.accum) if ms > 0 else None
         return Progress(int(m.group("step")), self.total or 0, rate, _float(m.group("loss")))
 
-    def state_completed(self, line: str) -> str | None:
+    def state_completed(self, line: str) -> StateSaved | None:
         if _LOOP_OVER in line:  # after the training loop: its last save is over
             return self._over()
         if _SAVING in line:
@@ -80,16 +80,16 @@ class LitOutput(OutputFormat):
         if m is None:
             return None
         it, step = int(m.group("iter")), int(m.group("step"))
-        answer = None
+        answer: StateSaved | None = None
         if self._pending is not None and it > self._pending:
-            self._pending, answer = None, ""  # look on disk: the state store finds and checks the folder
+            self._pending, answer = None, StateSaved()  # look on disk: the state store finds and checks the folder
         self._last_iter = it
         if m.group("stepped") and self.save_interval and step % self.save_interval == 0:
             self._pending = it  # this step saves after its line (and its validation)
         return answer
 
-    def _over(self) -> str | None:
+    def _over(self) -> StateSaved | None:
         if self._pending is None:
             return None
         self._pending = None
-        return ""
+        return StateSaved()

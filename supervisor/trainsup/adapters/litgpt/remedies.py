@@ -73,7 +73,7 @@ LADDERS: dict[str, tuple[Rung, ...]] = {
 def ladder(fault: str, plan: LitPlan) -> tuple[Rung, ...]:
     if fault == "config_error":
         return (stop(config_error_reason(plan)),)
-    return LADDERS.get(fault) or remedies.ladder(fault)
+    return remedies.ladder(fault, LADDERS)  # else the neutral default
 
 
 def config_error_reason(plan: LitPlan) -> str:

@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 import re
 
-from ...faults.matchers import Progress
-from ...trainers.base import OutputFormat
+from ...faults.progress import Progress
+from ...trainers.base import OutputFormat, StateSaved
 
 _ESC = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _STEP = re.compile(r"(?:^|(?<=[\s\]A]))step:\s+\d+%\|[^|]*\|\s*(?P<n>\d+)/(?P<total>\d+)\s*\[(?P<info>[^\]]*)\]")
@@ -85,7 +85,7 @@ class OTOutput(OutputFormat):
         m = _STEP.match(plain)
         return m is not None and m.end() == len(plain)
 
-    def state_completed(self, line: str) -> str | None:
+    def state_completed(self, line: str) -> StateSaved | None:
         """Reads every bookkeeping line (epoch bar, backup, save, NaN); never announces a state."""
         plain = self._plain(line)
         e = None
