@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from trainsup.adapters.kohya.exact import trains_past
+from trainsup.adapters.kohya.remedies import ladder as kohya_ladder
 from trainsup.faults.remedies import RESTART, Rung
 from trainsup.record.ledger import label_offset
 from trainsup.run.decide import History, Outcome, decide, record
@@ -30,11 +31,24 @@ def test_clean_outcome_finishes_and_config_errors_stop_at_once() -> None:
 
 def test_ladder_climbs_when_the_same_fault_recurs_and_skips_rungs_that_do_nothing() -> None:
     h = History()
-    d1 = decide(h, outcome("device_mismatch"), Policy(), 0, always)
+    # (kohya's ladder: the trainer-neutral default has no rung for a device mismatch, see below)
+    d1 = decide(h, outcome("device_mismatch"), Policy(), 0, always, ladder=kohya_ladder)
     assert d1.kind == "restart" and d1.rung_index == 0
     record(h, outcome("device_mismatch"), d1, 0)
-    d2 = decide(h, outcome("device_mismatch"), Policy(), 1, lambda r: "cache_text" not in r.describe())
+    d2 = decide(h, outcome("device_mismatch"), Policy(), 1, lambda r: "cache_text" not in r.describe(),
+                ladder=kohya_ladder)
     assert d2.kind == "stop" and d2.exit_code == 4  # rung 1 would change nothing: straight to stop
+
+
+def test_the_neutral_default_ladder_names_no_trainers_flag_and_stops_what_a_restart_cannot_fix() -> None:
+    from trainsup.faults.remedies import DEFAULT
+
+    for fault, rungs in DEFAULT.items():
+        for rung in rungs:
+            assert all(a.kind not in ("add_flag", "remove_flag") for a in rung.actions), fault
+            assert "--" not in rung.describe(), (fault, rung.describe())
+    d = decide(History(), outcome("device_mismatch"), Policy(), 0, always)
+    assert d.kind == "stop" and "--" not in d.reason
 
 
 def test_backoff_grows_and_resets_after_a_new_state() -> None:
