@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from trainsup.adapters.kohya.prepare import prepare
-from trainsup.adapters.kohya.sthead import HeaderError, float8_dtypes, load_header, read_header
+from trainsup.trainers.sthead import HeaderError, float8_dtypes, load_header, read_header
 from trainsup.commands.doctor import doctor, format_text
 from trainsup.run.policy import Policy
 from trainsup.sensors import gpu

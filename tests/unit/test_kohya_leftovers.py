@@ -7,9 +7,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trainsup.adapters.kohya.exact import AttemptSaves
 from trainsup.adapters.kohya.points import Cadence, ResumePoints
 from trainsup.record.journal import Journal, read_events
 from trainsup.record.ledger import AttemptRecord, Ledger
+from trainsup.trainers.base import Launch
+
+
+def begin(points: ResumePoints, attempt: int, resume_step: int, name: str, skips: bool = True) -> AttemptSaves:
+    """An attempt entered as kohya's launch plans it and the engine then begins it."""
+    points.plan_attempt(attempt, resume_step, name, skips)
+    offset = 0 if resume_step == 0 else None if skips else resume_step
+    points.begin(attempt, Launch((), {}, resume_step, name, offset))
+    return points.saves
+
 
 
 def test_an_earlier_attempts_cut_save_is_set_aside_and_nothing_else_moves(tmp_path: Path) -> None:
@@ -26,7 +37,7 @@ def test_an_earlier_attempts_cut_save_is_set_aside_and_nothing_else_moves(tmp_pa
     ledger.attempts += [AttemptRecord(1, "tiny", 0, 0, 1.0), AttemptRecord(2, "tiny-trainsup2", 8, 8, 2.0, False)]
     journal = Journal(run_dir)
     points = ResumePoints(ledger, out, False, journal, lambda _m: None, "tiny", Cadence(20, 5, None), run_dir)
-    points.begin(3, 16, "tiny-trainsup3", skips=False)
+    begin(points, 3, 16, "tiny-trainsup3", skips=False)
     journal.close()
     assert not cut.exists() and not (out / "tiny-trainsup2-step00000012.safetensors").exists()
     assert (run_dir / "set-aside" / cut.name / "model.safetensors").read_bytes() == b"cut short"

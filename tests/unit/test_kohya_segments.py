@@ -11,14 +11,24 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
+from trainsup.adapters.kohya.exact import AttemptSaves
 from trainsup.adapters.kohya.points import Cadence, ResumePoints
 from trainsup.adapters.kohya.samples import SampleCadence, SampleShelf, complete_png, parse
 from trainsup.record.journal import Journal, read_events
 from trainsup.record.ledger import AttemptRecord, Ledger
+from trainsup.trainers.base import Launch
 
 PNG = bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010806000000"
                     "1f15c4890000000d49444154789c6360000002000154a24f5d0000000049454e44ae426082")
 STAMP = "_20261126120000"
+
+def begin(points: ResumePoints, attempt: int, resume_step: int, name: str, skips: bool = True) -> AttemptSaves:
+    """An attempt entered as kohya's launch plans it and the engine then begins it."""
+    points.plan_attempt(attempt, resume_step, name, skips)
+    offset = 0 if resume_step == 0 else None if skips else resume_step
+    points.begin(attempt, Launch((), {}, resume_step, name, offset))
+    return points.saves
+
 
 
 def save(out: Path, name: str, label: int) -> None:
@@ -63,7 +73,7 @@ def points_after_a_kill_at_state_10(tmp_path: Path) -> tuple[ResumePoints, Path,
 
 def test_the_bed_kill_relaunches_at_16_and_publishes_true_names(tmp_path: Path) -> None:
     points, out, run_dir, journal = points_after_a_kill_at_state_10(tmp_path)
-    plan = points.begin(2, 8, "tiny-trainsup2", skips=False)
+    plan = begin(points, 2, 8, "tiny-trainsup2", skips=False)
     # Step 10 is shown already; one cadence for 15 and 20 would be 1: a segment to the end of epoch 2.
     assert (plan.every, plan.wanted, plan.relaunch_at, plan.sample_every) == (7, frozenset({15, 20}), 16, 0)
     save(out, "tiny-trainsup2-step00000007", 7)  # step 15
@@ -74,7 +84,7 @@ def test_the_bed_kill_relaunches_at_16_and_publishes_true_names(tmp_path: Path) 
     save(out, "tiny-trainsup2-000002", 8)  # the state trainsup saves at the end of epoch 2: step 16
     points.collect()
     assert points.relaunch_at_state and not points.run_complete
-    plan = points.begin(3, 16, "tiny-trainsup3", skips=False)
+    plan = begin(points, 3, 16, "tiny-trainsup3", skips=False)
     assert (plan.every, plan.wanted, plan.stop_at, plan.relaunch_at, plan.sample_every) == (4, frozenset({20}), 20,
                                                                                              None, 4)
     assert not points.relaunch_at_state
@@ -101,7 +111,7 @@ def test_the_bed_kill_relaunches_at_16_and_publishes_true_names(tmp_path: Path) 
 def test_a_user_epoch_save_at_the_segment_end_waits_for_the_epoch_state(tmp_path: Path) -> None:
     points, out, _run_dir, journal = points_after_a_kill_at_state_10(tmp_path)
     points.cadence = Cadence(20, 5, 1)  # the user saves every epoch too: that save must be its own
-    points.begin(2, 8, "tiny-trainsup2", skips=False)
+    begin(points, 2, 8, "tiny-trainsup2", skips=False)
     points.saves = points.saves.__class__(8, 8, frozenset({15, 20}), None, 0, 16, "why")  # labels 8: step 16
     save(out, "tiny-trainsup2-step00000008", 8)
     points.collect()
@@ -118,7 +128,7 @@ def test_epoch_samples_at_the_segment_end_come_before_the_relaunch(tmp_path: Pat
     points.samples.cadence = SampleCadence(None, 1, False, 20)
     seen = [0]
     points.epoch_seen = lambda: seen[0]
-    points.begin(2, 8, "tiny-trainsup2", skips=False)
+    begin(points, 2, 8, "tiny-trainsup2", skips=False)
     save(out, "tiny-trainsup2-step00000007", 7)
     save(out, "tiny-trainsup2-000002", 8)
     points.collect()

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.contract.kit import launched
 from trainsup.adapters.litgpt.adapter import FAMILY, LitgptRun
 from trainsup.adapters.litgpt.plan import LitPlan
 from trainsup.adapters.litgpt.rules import RUN_RULES
@@ -22,7 +23,7 @@ from trainsup.faults.rules import BUILTIN_RULES
 from trainsup.faults.scanner import FaultScanner
 from trainsup.record.journal import Journal, read_events
 from trainsup.record.ledger import Ledger
-from trainsup.trainers.base import Setup, UsageError, rung_applies
+from trainsup.trainers.base import Setup, StateSaved, UsageError, rung_applies
 from trainsup.trainers.registry import choose
 
 CKPT = "/models/tiny-gpt"
@@ -153,7 +154,7 @@ def test_a_remedy_of_a_key_set_only_in_the_config_writes_a_derived_copy_never_th
     change = run.apply(plan, Action("add_flag", "train.lr_warmup_steps"))
     assert change is not None and change.startswith("--train.lr_warmup_steps 19 (was 20")
     assert "--train.lr_warmup_steps" not in plan.argv()  # the config sets it: the copy carries it
-    argv = run.launch(plan, 1, None, run_dir)
+    argv = launched(run, plan, 1, None, run_dir)
     derived = Path(argv[argv.index("--config") + 1])
     assert derived == run_dir / "derived" / "attempt-1.config-1.yaml"
     assert yaml.safe_load(derived.read_text())["train"] == {"max_steps": 20, "lr_warmup_steps": 19}
@@ -334,15 +335,15 @@ def test_a_save_is_over_when_the_next_iteration_or_the_final_evaluation_prints(t
     out.begin(20, 5, 1)
     assert [out.state_completed(line(n, n)) for n in (4, 5)] == [None, None]  # step 5 saves after its line
     assert out.state_completed("Validating ...") is None
-    assert out.state_completed(line(6, 6)) == ""  # look on disk: step-000005 is written
+    assert out.state_completed(line(6, 6)) == StateSaved()  # look on disk: step-000005 is written
     assert out.state_completed(line(7, 7)) is None
     out.state_completed(line(20, 20))
-    assert out.state_completed("Final evaluation | val loss: 6.126 | val ppl: 457.798") == ""
+    assert out.state_completed("Final evaluation | val loss: 6.126 | val ppl: 457.798") == StateSaved()
     # finetune_full names the folder before writing it; accumulating iterations still mean it is over
     out.begin(20, None, 2)
     out.state_completed(line(20, 10))
     assert out.state_completed("Saving checkpoint to '/out/step-000010'") is None
-    assert out.state_completed(line(21, 10, stepped=False)) == ""
+    assert out.state_completed(line(21, 10, stepped=False)) == StateSaved()
     assert out.bookkeeping is not None and out.bookkeeping.search(line(3, 3))
 
 
@@ -378,7 +379,7 @@ def test_only_complete_states_this_attempt_wrote_are_claimed(tmp_path: Path, bou
     out = tmp_path / "out"
     run = open_run(lora(out=str(out)), tmp_path)
     ledger = bind(run, run_dir, said, journal)
-    run.launch(run.plan.copy(), 1, None, run_dir)
+    launched(run, run.plan.copy(), 1, None, run_dir)
     state(out, 5)
     state(out, 10, marker=False)  # cut before prompt_style.yaml
     cut = state(out, 15)
@@ -394,11 +395,11 @@ def test_finetune_lora_never_resumes_and_restarts_into_an_out_dir_of_its_own(
     out = tmp_path / "out"
     run = open_run(lora(out=str(out)), tmp_path)
     bind(run, run_dir, said, journal)
-    assert run.launch(run.plan.copy(), 1, None, run_dir)[3:5] == ["--out_dir", str(out)]
+    assert launched(run, run.plan.copy(), 1, None, run_dir)[3:5] == ["--out_dir", str(out)]
     state(out, 5)
     run.states.collect()
     assert run.states.newest() is None  # no resume option: nothing to resume from
-    argv = run.launch(run.plan.copy(), 2, None, run_dir)
+    argv = launched(run, run.plan.copy(), 2, None, run_dir)
     own = run_dir / "attempt-2-out"
     assert argv[argv.index("--out_dir") + 1] == str(own) and "--resume" not in argv
     assert any(n.startswith("finetune_lora cannot resume") and "from the beginning" in n for n in run.notes)
@@ -419,7 +420,7 @@ def test_an_existing_final_is_never_overwritten(tmp_path: Path, bound: tuple[Pat
     (out / "final" / "lit_model.pth").write_bytes(b"theirs")
     run = open_run(lora(out=str(out)), tmp_path)
     bind(run, run_dir, said, journal)
-    argv = run.launch(run.plan.copy(), 1, None, run_dir)
+    argv = launched(run, run.plan.copy(), 1, None, run_dir)
     own = run_dir / "attempt-1-out"
     assert argv[argv.index("--out_dir") + 1] == str(own)  # OUT/final would be overwritten
     torch_zip(own / "final" / "lit_model.pth")
@@ -438,7 +439,7 @@ def test_finetune_full_resumes_from_the_newest_complete_state_by_its_path_and_se
     run_dir, said, journal = bound
     out = tmp_path / "out"
     run, ledger = full_run(tmp_path, run_dir, said, journal)
-    run.launch(run.plan.copy(), 1, None, run_dir)
+    launched(run, run.plan.copy(), 1, None, run_dir)
     for step in (5, 10):
         state(out, step, "lit_model.pth")
     run.states.collect()
@@ -446,7 +447,7 @@ def test_finetune_full_resumes_from_the_newest_complete_state_by_its_path_and_se
     partial.mkdir()  # killed right after `Saving checkpoint to '.../step-000015'`
     resume = run.states.newest()
     assert resume is not None and (resume.dir, resume.step) == (str(out / "step-000010"), 10)
-    argv = run.launch(run.plan.copy(), 2, resume, run_dir)
+    argv = launched(run, run.plan.copy(), 2, resume, run_dir)
     assert argv[argv.index("--resume") + 1] == str(out / "step-000010" / "lit_model.pth")
     assert argv[argv.index("--out_dir") + 1] == str(out)  # the state's own out dir
     assert not partial.exists() and (run_dir / "set-aside" / "attempt-2" / "step-000015").is_dir()
@@ -461,19 +462,19 @@ def test_a_schedule_remedy_on_finetune_full_starts_fresh_never_from_a_state_of_t
     run_dir, said, journal = bound
     out = tmp_path / "out"
     run, _ledger = full_run(tmp_path, run_dir, said, journal, "--train.lr_warmup_steps", "20")
-    run.launch(run.plan.copy(), 1, None, run_dir)
+    launched(run, run.plan.copy(), 1, None, run_dir)
     state(out, 5, "lit_model.pth")
     run.states.collect()
     plan = run.plan.copy()
     run.apply(plan, Action("add_flag", "train.lr_warmup_steps"))
-    assert run.states.newest() is None  # step 5 carries the old schedule
-    argv = run.launch(plan.copy(), 2, None, run_dir)
+    assert run.states.newest(plan=plan) is None  # step 5 carries the old schedule
+    argv = launched(run, plan.copy(), 2, None, run_dir)
     assert "--resume" not in argv and argv[argv.index("--out_dir") + 1] == str(run_dir / "attempt-2-out")
     state(run_dir / "attempt-2-out", 5, "lit_model.pth")
     run.states.collect()
     resume = run.states.newest()  # the corrected line's own state is resumable
     assert resume is not None and resume.dir == str(run_dir / "attempt-2-out" / "step-000005")
-    again = run.launch(plan.copy(), 3, resume, run_dir)
+    again = launched(run, plan.copy(), 3, resume, run_dir)
     assert again[again.index("--out_dir") + 1] == str(run_dir / "attempt-2-out")
 
 
@@ -489,13 +490,13 @@ def test_a_users_resume_auto_becomes_the_newest_complete_states_path_or_goes(tmp
     assert run.states.adopt(out / "step-000005") == ""
     resume = run.states.newest()
     assert resume is not None
-    argv = run.launch(run.plan.copy(), 1, resume, run_dir)
+    argv = launched(run, run.plan.copy(), 1, resume, run_dir)
     assert argv[argv.index("--resume") + 1] == str(out / "step-000005" / "lit_model.pth")
     assert argv.count("--resume") == 1 and "auto" not in argv
     fresh = open_run(lora("--resume", "auto", sub="finetune_full", out=str(tmp_path / "empty")), tmp_path)
     assert fresh.user_resume is None and any("removes --resume" in n for n in fresh.notes)
     fresh.bind(run_dir, Ledger(run_dir / "l2.json"), journal, said.append)
-    assert "--resume" not in fresh.launch(fresh.plan.copy(), 1, None, run_dir)
+    assert "--resume" not in launched(fresh, fresh.plan.copy(), 1, None, run_dir)
 
 
 def test_adapter_v2_never_restarts_into_an_out_dir_holding_adapter_files(tmp_path: Path,
@@ -506,7 +507,7 @@ def test_adapter_v2_never_restarts_into_an_out_dir_holding_adapter_files(tmp_pat
     assert any("does not load the saved adapter" in n for n in run.notes)
     old = run_dir / "attempt-9-out" / "step-000020"
     torch_zip(old / "lit_model.pth.adapter_v2")  # an earlier run's, below OUT: its step count would start at 20
-    argv = run.launch(run.plan.copy(), 1, None, run_dir)
+    argv = launched(run, run.plan.copy(), 1, None, run_dir)
     assert "--resume" not in argv and argv[argv.index("--out_dir") + 1] == str(run_dir / "attempt-1-out")
 
 
@@ -566,7 +567,7 @@ def test_ledger_json_of_a_run_is_plain_data(tmp_path: Path, bound: tuple[Path, l
     run_dir, said, journal = bound
     run = open_run(lora(out=str(tmp_path / "out")), tmp_path)
     bind(run, run_dir, said, journal)
-    run.launch(run.plan.copy(), 1, None, run_dir)
+    launched(run, run.plan.copy(), 1, None, run_dir)
     assert json.loads((run_dir / "ledger.json").read_text())["attempts"][0]["resume_step"] == 0
 
 

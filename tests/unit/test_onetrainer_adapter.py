@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.contract.kit import launched
 from trainsup.adapters.onetrainer.adapter import FAMILY, OneTrainerRun
 from trainsup.adapters.onetrainer.backups import backup_problem, parse_name
 from trainsup.adapters.onetrainer.output import OTOutput
@@ -143,7 +144,7 @@ def test_launch_writes_a_derived_config_and_leaves_the_users_files_byte_identica
     before = {p: p.read_bytes() for p in tmp_path.glob("*.json")}
     plan = run.plan.copy()
     assert run.apply(plan, Action("add_flag", "latent_caching", "false")) == "latent_caching: false (was True)"
-    args = run.launch(plan, 1, None, run_dir)
+    args = launched(run, plan, 1, None, run_dir)
     derived = run_dir / "attempt-1" / "config.json"
     assert args == [PY, "scripts/train.py", "--config-path", str(derived)]
     doc = json.loads(derived.read_text())
@@ -190,7 +191,7 @@ def test_backup_names_and_completeness_at_each_cut(tmp_path: Path) -> None:
 def test_states_claim_complete_backups_and_never_resume_the_end_backup(
         bound: tuple[OneTrainerRun, Path, Ledger, Journal, list[str]], tmp_path: Path) -> None:
     run, run_dir, _ledger, _, _ = bound
-    run.launch(run.plan.copy(), 1, None, run_dir)
+    launched(run, run.plan.copy(), 1, None, run_dir)
     ws = tmp_path / "ws"
     backup(ws, 4, 0, 4, "2026-01-01_00-00-01")
     backup(ws, 9, 1, 1, "2026-01-01_00-00-02", upto="optimizer")  # cut short
@@ -204,7 +205,7 @@ def test_states_claim_complete_backups_and_never_resume_the_end_backup(
 def test_a_resume_moves_partial_and_later_backups_aside_and_takes_the_backups_rank(
         bound: tuple[OneTrainerRun, Path, Ledger, Journal, list[str]], tmp_path: Path) -> None:
     run, run_dir, ledger, journal, _said = bound
-    run.launch(run.plan.copy(), 1, None, run_dir)
+    launched(run, run.plan.copy(), 1, None, run_dir)
     ws = tmp_path / "ws"
     b4 = backup(ws, 4, 0, 4, "2026-01-01_00-00-01", rank=8)
     b9 = backup(ws, 9, 1, 1, "2026-01-01_00-00-02")
@@ -212,7 +213,7 @@ def test_a_resume_moves_partial_and_later_backups_aside_and_takes_the_backups_ra
     partial_new = backup(ws, 14, 1, 6, "2026-01-01_00-00-03", upto="concepts")
     run.states.collect()
     state = next(s for s in ledger.states if s.dir == str(b4))
-    args = run.launch(run.plan.copy(), 2, state, run_dir)
+    args = launched(run, run.plan.copy(), 2, state, run_dir)
     assert sorted(p.name for p in (ws / "backup").iterdir()) == [b4.name]
     aside = run_dir / "set-aside" / "attempt-2"
     assert sorted(p.name for p in aside.iterdir()) == sorted([b9.name, partial_old.name, partial_new.name])
@@ -226,11 +227,11 @@ def test_a_resume_moves_partial_and_later_backups_aside_and_takes_the_backups_ra
 def test_a_second_backup_of_the_resumed_step_is_moved_out_of_sight_and_the_first_stays_the_resume_point(
         bound: tuple[OneTrainerRun, Path, Ledger, Journal, list[str]], tmp_path: Path) -> None:
     run, run_dir, ledger, journal, _ = bound
-    run.launch(run.plan.copy(), 1, None, run_dir)
+    launched(run, run.plan.copy(), 1, None, run_dir)
     ws = tmp_path / "ws"
     first = backup(ws, 9, 1, 1, "2026-01-01_00-00-01")
     run.states.collect()
-    run.launch(run.plan.copy(), 2, run.states.newest(), run_dir)
+    launched(run, run.plan.copy(), 2, run.states.newest(), run_dir)
     again = backup(ws, 9, 1, 1, "2026-01-01_00-00-09")  # OneTrainer backs up the resumed step again
     os.utime(again / "meta.json", (time.time() + 5, time.time() + 5))
     later = backup(ws, 14, 1, 6, "2026-01-01_00-00-10")
@@ -253,7 +254,7 @@ def test_a_second_backup_of_the_resumed_step_is_moved_out_of_sight_and_the_first
 def test_success_needs_saving_of_the_model_and_its_file_written_this_attempt(
         bound: tuple[OneTrainerRun, Path, Ledger, Journal, list[str]], tmp_path: Path) -> None:
     run, run_dir, _, _, _ = bound
-    run.launch(run.plan.copy(), 1, None, run_dir)
+    launched(run, run.plan.copy(), 1, None, run_dir)
     model = tmp_path / "lora.safetensors"
     model.write_bytes(b"x")
     assert not run.states.final_written()  # no Saving line yet
@@ -373,7 +374,7 @@ def test_optimizer_and_output_format_ladders(bound: tuple[OneTrainerRun, Path, L
 def test_nan_lowers_the_lr_and_skips_the_backup_saved_right_before_it(
         bound: tuple[OneTrainerRun, Path, Ledger, Journal, list[str]], tmp_path: Path) -> None:
     run, run_dir, _ledger, _, _ = bound
-    run.launch(run.plan.copy(), 1, None, run_dir)
+    launched(run, run.plan.copy(), 1, None, run_dir)
     ws = tmp_path / "ws"
     backup(ws, 4, 0, 4, "2026-01-01_00-00-01")
     backup(ws, 9, 1, 1, "2026-01-01_00-00-02")
@@ -382,9 +383,9 @@ def test_nan_lowers_the_lr_and_skips_the_backup_saved_right_before_it(
     plan = run.plan.copy()
     change = run.apply(plan, run.ladder("nan_loss")[0].actions[0])
     assert change is not None and change.startswith("learning_rate: 3e-05 (was 0.0003)")
-    newest = run.states.newest()
+    newest = run.states.newest(plan=plan)  # the remedied plan's resume point
     assert newest is not None and newest.step == 4
-    run.launch(plan, 2, newest, run_dir)  # a later attempt's backups are fine again
+    launched(run, plan, 2, newest, run_dir)  # a later attempt's backups are fine again
     later = backup(ws, 14, 1, 6, "2026-01-01_00-00-05")
     run.states.collect()
     assert run.states.newest() is not None and run.states.newest().dir == str(later)  # type: ignore[union-attr]
@@ -428,7 +429,7 @@ def test_edits_are_validated_and_applied_at_the_next_backup(
     doc["lora_rank"], doc["learning_rate"] = 4, 0.0001
     cfg.write_text(json.dumps(doc))
     assert run.inputs.on_change(cfg, "modified", plan) == "at_checkpoint"
-    run.launch(plan, 3, None, run_dir)
+    launched(run, plan, 3, None, run_dir)
     derived = json.loads((run_dir / "attempt-3" / "config.json").read_text())
     assert derived["learning_rate"] == 0.0001
     assert json.loads((run_dir / "attempt-3" / "samples.json").read_text()) == [{"prompt": "a dog"}]

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.contract.kit import launched
 from trainsup.record.journal import Journal
 from trainsup.record.ledger import Ledger
 from trainsup.trainers.base import Setup, UsageError
@@ -42,8 +43,8 @@ def test_a_command_no_adapter_knows_is_launched_exactly_as_given_every_time(tmp_
     run = open_run(Setup(argv, tmp_path))
     journal = Journal(tmp_path)
     run.bind(tmp_path, Ledger(tmp_path / "ledger.json"), journal, lambda _m: None)
-    assert run.launch(run.plan.copy(), 1, None, tmp_path) == list(argv)
-    assert run.launch(run.plan.copy(), 2, None, tmp_path) == list(argv)  # no --seed, no --save_state
+    assert launched(run, run.plan.copy(), 1, None, tmp_path) == list(argv)
+    assert launched(run, run.plan.copy(), 2, None, tmp_path) == list(argv)  # no --seed, no --save_state
     assert run.states.newest() is None and run.states.final_written()
     journal.close()
 

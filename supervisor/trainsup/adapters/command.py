@@ -20,8 +20,12 @@ from ..faults.rules import FaultRule
 from ..record.journal import Journal
 from ..record.ledger import Ledger, StateRecord
 from ..trainers.base import (
+    ANY_COMMAND,
+    NO_CLAIM,
     ArgvPlan,
     Finding,
+    Launch,
+    OutputFormat,
     Plan,
     Say,
     Setup,
@@ -36,43 +40,6 @@ NOTE = ("no adapter knows this command: trainsup restarts it unchanged after a c
         "can describe its states")
 DOCTOR = ("no adapter knows this command: trainsup supervises it without trainer knowledge (restarts after a "
           "crash, hangs on silence, GPU reclaim); its flags and files are not checked")
-
-
-class NoStates:
-    """A trainer whose states trainsup does not know: nothing to claim, nothing to resume from."""
-
-    run_complete = False
-    relaunch_at_state = False
-
-    def continue_ledger(self) -> None:
-        return None
-
-    def begin(self, attempt: int, resume_step: int, output_name: str | None = None) -> None:
-        return None
-
-    def collect(self, only: Path | None = None) -> list[StateRecord]:
-        return []
-
-    def steps_proven(self) -> int:
-        return 0
-
-    def newest(self, nan_step: int | None = None, max_steps: int | None = None) -> StateRecord | None:
-        return None
-
-    def adopt(self, path: Path) -> str:
-        return ""
-
-    def mark_failed_save(self, label: int) -> None:
-        return None
-
-    def mark_tainted(self, from_step: int) -> None:
-        return None
-
-    def final_written(self) -> bool:
-        return True  # exit 0 is success: there is no other marker to wait for
-
-    def publish_final(self) -> str | None:
-        return None
 
 
 # Flags that name where a command writes, in the spellings trainers use: the run dir goes beside them.
@@ -102,13 +69,13 @@ class CommandRun(TrainerRun):
         self.notes = [NOTE]
 
     def bind(self, run_dir: Path, ledger: Ledger, journal: Journal, say: Say) -> None:
-        self.states = NoStates()
+        return None  # its states are the default's: none known
 
-    def launch(self, plan: Plan, attempt: int, resume: StateRecord | None, run_dir: Path) -> list[str]:
+    def launch(self, plan: Plan, attempt: int, resume: StateRecord | None, run_dir: Path) -> Launch:
         assert isinstance(plan, ArgvPlan)
-        return list(plan.argv)
+        return Launch.of(plan, plan.argv)  # never a resume of trainsup's: the command as given
 
-    def ladder(self, fault: str) -> tuple[Rung, ...]:
+    def ladder(self, fault: str, plan: Plan | None = None) -> tuple[Rung, ...]:
         return remedies.ladder(fault)
 
     def apply(self, plan: Plan, action: Action, evidence: str | None = None) -> str | None:
@@ -132,11 +99,15 @@ class CommandFamily:
     name = "command"
     description = "any command: restarts, hangs on silence, GPU reclaim; no states, no flag remedies"
 
+    def output(self) -> OutputFormat:
+        """A fresh format of this trainer's output (``diagnose`` reads a log with every family's)."""
+        return OutputFormat()
+
     def rules(self) -> tuple[FaultRule, ...]:
         return ()  # the built-in table is this trainer's wording
 
     def detect(self, argv: Sequence[str]) -> int:
-        return 1 if argv else 0
+        return ANY_COMMAND if argv else NO_CLAIM
 
     def open(self, setup: Setup) -> TrainerRun:
         return CommandRun(setup)

@@ -23,13 +23,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..faults.matchers import Progress
+from ..faults.progress import Progress
 from ..faults.rules import FaultRule
 from ..record.journal import Journal
 from ..record.ledger import Ledger, StateRecord
 from ..trainers.base import (
     ArgvPlan,
     Finding,
+    Launch,
     OutputFormat,
     Plan,
     Say,
@@ -37,11 +38,10 @@ from ..trainers.base import (
     TrainerRun,
     UsageError,
 )
-from ..trainers.stepstates import StepStates
+from ..trainers.stepstates import StepStates, files_present, globbed
 from .command import CommandRun, output_dir_of
 
 KEYS = ("states", "complete", "step", "resume", "progress", "success", "total_steps")
-_LAST_NUMBER = re.compile(r"(\d+)(?!.*\d)")
 
 
 def _regex(section: Mapping[str, Any], key: str, groups: tuple[str, ...] = ()) -> re.Pattern[str] | None:
@@ -112,7 +112,7 @@ class DeclarativeRun(CommandRun):
         complete = section.get("complete")
         if complete is not None and (not isinstance(complete, str) or not complete or "/" in complete):
             raise UsageError(f"trainer.complete: expected a file name inside a state, got {complete!r}")
-        self.complete: str | None = complete
+        self.completes = (complete,) if complete is not None else ()  # the files that mark a state complete
         self.step_re = _regex(section, "step")
         if self.step_re is not None and self.step_re.groups < 1:
             raise UsageError("trainer.step: needs one group that captures the step number")
@@ -128,6 +128,8 @@ class DeclarativeRun(CommandRun):
         if total is not None and (isinstance(total, bool) or not isinstance(total, int) or total < 1):
             raise UsageError(f"trainer.total_steps: expected an integer >= 1, got {total!r}")
         self.total_steps = total
+        # States: the globbed paths, their step from the name (the ``states`` store of ``stepstates``).
+        self._find = globbed(self.cwd, self.glob, self.step_re) if self.glob is not None else list
         self.success = _regex(section, "success")
         self.output = DeclaredOutput(_regex(section, "progress", ("step",)), self.success, total)
         if self.resume_args is None:
@@ -136,33 +138,14 @@ class DeclarativeRun(CommandRun):
     def bind(self, run_dir: Path, ledger: Ledger, journal: Journal, say: Say) -> None:
         self.run_dir = run_dir
         # With a success line, exit 0 without it is not success; without one, exit 0 is.
-        self.step_states = StepStates(ledger, journal, say, self._find, self._check,
+        self.step_states = StepStates(ledger, journal, say, self._find, files_present(self.completes),
                                       final=None if self.success is None else lambda: None)
         self.states = self.step_states
 
     def existing_outputs(self) -> list[Path]:
         return [path for path, _step in self._find()]
 
-    def _find(self) -> list[tuple[Path, int]]:
-        if self.glob is None:
-            return []
-        found = []
-        base = self.cwd if not Path(self.glob).is_absolute() else Path("/")
-        pattern = self.glob if not Path(self.glob).is_absolute() else self.glob.lstrip("/")
-        for path in base.glob(pattern):
-            m = (self.step_re or _LAST_NUMBER).search(path.name)
-            if m is not None:
-                found.append((path.resolve(), int(m.group(1))))
-        return sorted(found, key=lambda f: f[1])
-
-    def _check(self, path: Path) -> str:
-        if not path.exists():
-            return "missing"
-        if self.complete is not None and not (path / self.complete).is_file():
-            return f"{self.complete} missing"
-        return ""
-
-    def launch(self, plan: Plan, attempt: int, resume: StateRecord | None, run_dir: Path) -> list[str]:
+    def launch(self, plan: Plan, attempt: int, resume: StateRecord | None, run_dir: Path) -> Launch:
         assert isinstance(plan, ArgvPlan)
         argv = list(plan.argv)
         if resume is not None and self.resume_args:
@@ -171,8 +154,7 @@ class DeclarativeRun(CommandRun):
                 a.replace("{state}", resume.dir).replace("{step}", str(resume.step)) for a in self.resume_args]
         elif attempt > 1 and self.resume_args:
             self.step_states.set_aside_after(0, run_dir, attempt)  # partial states of earlier attempts
-        self.step_states.begin(attempt, resume.step if resume else 0)
-        return argv
+        return Launch.of(plan, argv, resume)
 
 
     def doctor(self, env: Mapping[str, str]) -> list[Finding]:
@@ -201,6 +183,10 @@ def _without_flag(argv: list[str], flag: str) -> list[str]:
 class DeclarativeFamily:
     name = "declarative"
     description = "any command plus a project's trainer: section (states, complete marker, resume, lines)"
+
+    def output(self) -> OutputFormat:
+        """A fresh format of this trainer's output (``diagnose`` reads a log with every family's)."""
+        return OutputFormat()
 
     def rules(self) -> tuple[FaultRule, ...]:
         return ()  # the built-in table is this trainer's wording

@@ -1,23 +1,32 @@
 """Owns the trainer contract: everything the engine, ``doctor``, ``diagnose`` and ``status`` may know
 of a trainer, and nothing more.
 
-A *family* (``TrainerFamily``: sd-scripts, LitGPT, any command, ...) recognises a command line
-(``detect``) and opens a *session* for one run (``open`` -> ``TrainerRun``). The session owns what
-only the trainer knows:
+A *family* (``TrainerFamily``: sd-scripts, LitGPT, any command, ...) claims a command line
+(``detect``, on the claim scale below) and opens a *session* for one run (``open`` -> ``TrainerRun``).
+A session is composed of parts, each with a default that knows nothing:
 
-- the launch plan (``Plan``): the settings a remedy reads and changes, and ``launch`` turning it into
-  the next attempt's argv (resume arguments, derived config copies, an output name or out dir of the
-  attempt's own so nothing an earlier attempt wrote is overwritten);
-- saved states (``states``, a ``StateStore``): which exist, their true steps, which are complete;
+- the launch plan (``Plan``): the settings a remedy reads and changes; ``apply`` changes only the plan
+  it is given (the engine also calls it on dry-run copies), and ``launch`` turns a plan into the next
+  attempt's ``Launch`` value (argv, environment overrides, the resume step, the output name), writing
+  only derived files of the attempt's own, so nothing an earlier attempt wrote is overwritten;
+- saved states (``states``, a ``StateStore``; ``NoStates`` until ``bind``): which exist, their true
+  steps, which are complete. The engine enters each attempt in it (``begin``) with the ``Launch``;
+  ``stepstates.StepStates`` is the store for "states are directories matching a pattern, complete
+  when these files are there", ``accelerate`` knows ``accelerator.save_state``'s directories;
 - the remedy ladders in the trainer's own terms (``ladder``, ``apply``) and fault rules of its own;
-- its output (``output``, an ``OutputFormat``): progress, saved-state and success lines, phases;
+- its output (``output``, an ``OutputFormat``): progress, saved-state and success lines, phases, and
+  any start-up summary the adapter itself reads back (``on_summary``);
 - the inputs to watch and how an edit applies (``inputs``);
 - doctor checks (``doctor``), given what ``trainsup doctor`` found outside the trainer
   (``doctor_facts``: the interpreter's versions of ``doctor_packages``, the script's exact flags
   when known), and a saved state's estimated size (``state_size``) for the free-space check.
 
+Nothing in the contract depends on the order the engine calls it in: what a call needs (the plan a
+ladder or a resume point is for) is passed to it.
+
 Families are found through the ``trainsup.trainers`` entry-point group (``registry``), so a
 trainer's own package can ship one. ``run/`` imports this module and the registry, never an adapter.
+A walk-through of adding one is ``docs/dev/adapters.md``.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from ..faults import remedies
-from ..faults.matchers import Progress
+from ..faults.progress import Progress
 from ..faults.remedies import Action, Rung
 from ..faults.rules import FaultRule
 from ..record.journal import Journal
@@ -141,6 +150,43 @@ class ArgvPlan(Plan):
         return ArgvPlan(list(self.argv), dict(self.env))
 
 
+@dataclass(frozen=True)
+class Launch:
+    """What ``TrainerRun.launch`` makes of a plan for one attempt: the engine starts ``argv`` with
+    ``env`` on top of the inherited environment, and enters the attempt in the state store with it
+    (``StateStore.begin``)."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    resume_step: int = 0  # the true step the attempt starts from (0: the beginning)
+    output_name: str | None = None  # the name it writes under, when the trainer has one (kohya's)
+    # The true step minus the step the trainer prints and names its saves by: 0 for a trainer that
+    # counts true steps; None while only its start-up summary can tell (``on_summary``).
+    label_offset: int | None = 0
+
+    @classmethod
+    def of(cls, plan: Plan, argv: Sequence[str], resume: StateRecord | None = None, **fields: Any) -> Launch:
+        """The launch of ``plan``'s environment with ``argv``, resuming from ``resume``."""
+        return cls(tuple(argv), dict(plan.env), resume.step if resume is not None else 0, **fields)
+
+
+@dataclass(frozen=True)
+class StateSaved:
+    """An output line says a state save is over (``OutputFormat.state_completed``)."""
+
+    dir: str | None = None  # the state's directory when the line names it; None: look on disk for it
+
+
+@dataclass(frozen=True)
+class SummaryLine:
+    """Facts of the trainer's start-up summary one output line states (``OutputFormat.summary``).
+    The engine gathers them and hands them to ``TrainerRun.on_summary``: what they mean is the
+    adapter's own business (kohya: batches per epoch and gradient accumulation, its step labels)."""
+
+    facts: Mapping[str, Any]
+    complete: bool = False  # the summary's last line: the adapter hears it at once
+
+
 class OutputFormat:
     """What the trainer's output lines mean. The default knows nothing: any line is activity.
 
@@ -163,8 +209,8 @@ class OutputFormat:
         """A progress redraw that carries no fault evidence (the scanner only notes it)."""
         return False
 
-    def state_completed(self, line: str) -> str | None:
-        """The directory of a state whose last file was just written ('' = look on disk)."""
+    def state_completed(self, line: str) -> StateSaved | None:
+        """A state whose last file was just written, by its directory or to be looked for on disk."""
         return None
 
     def state_started(self, line: str) -> int | None:
@@ -174,31 +220,78 @@ class OutputFormat:
     def is_success(self, line: str) -> bool:
         return False
 
-    def batches_per_epoch(self, line: str) -> int | None:
-        return None
-
-    def grad_accum(self, line: str) -> int | None:
+    def summary(self, line: str) -> SummaryLine | None:
+        """What a line of the trainer's start-up summary states, or None."""
         return None
 
 
 class StateStore(Protocol):
-    """The run's resume points: the states each attempt saved, with their true steps, in the ledger."""
+    """The run's resume points: the states each attempt saved, with their true steps, in the ledger.
+
+    ``NoStates`` is the store that knows none; ``ledgerstates.LedgerStates`` holds what every store
+    of real states shares, ``stepstates.StepStates`` is the one for step directories."""
 
     run_complete: bool  # the last step's state is complete: the engine stops the trainer, run done
     # A state is complete that the trainer is better resumed from at once (kohya: the end of a segment
     # whose cadence would write too many saves): the engine stops it and relaunches, no budget spent.
     relaunch_at_state: bool
 
-    def continue_ledger(self) -> None: ...
-    def begin(self, attempt: int, resume_step: int, output_name: str | None = None) -> object: ...
-    def collect(self, only: Path | None = None) -> list[StateRecord]: ...
+    def continue_ledger(self) -> None:
+        """A ledger of an earlier supervisor of this run dir is loaded: take up its last attempt."""
+    def begin(self, attempt: int, launch: Launch) -> None:
+        """The engine is about to start ``launch`` as attempt ``attempt``: enter it in the ledger."""
+    def collect(self, only: Path | None = None) -> list[StateRecord]:
+        """Claim the complete states the running attempt wrote (``only``: that directory)."""
     def steps_proven(self) -> int: ...
-    def newest(self, nan_step: int | None = None, max_steps: int | None = None) -> StateRecord | None: ...
+    def newest(self, nan_step: int | None = None, max_steps: int | None = None,
+               plan: Plan | None = None) -> StateRecord | None:
+        """The state the next launch of ``plan`` (None: the last launched) resumes from, or None."""
     def adopt(self, path: Path) -> str: ...
-    def mark_failed_save(self, label: int) -> None: ...
+    def save_failed(self, label: int) -> None:
+        """The save the trainer announced under this label (``OutputFormat.state_started``) failed
+        half-way: never resume from what it left."""
     def mark_tainted(self, from_step: int) -> None: ...
     def final_written(self) -> bool: ...
     def publish_final(self) -> str | None: ...
+
+
+class NoStates:
+    """The store of a trainer whose states trainsup does not know: nothing to claim or resume from,
+    and exit 0 alone is success. Every session has it until ``bind`` sets its own."""
+
+    run_complete = False
+    relaunch_at_state = False
+
+    def continue_ledger(self) -> None:
+        return None
+
+    def begin(self, attempt: int, launch: Launch) -> None:
+        return None
+
+    def collect(self, only: Path | None = None) -> list[StateRecord]:
+        return []
+
+    def steps_proven(self) -> int:
+        return 0
+
+    def newest(self, nan_step: int | None = None, max_steps: int | None = None,
+               plan: Plan | None = None) -> StateRecord | None:
+        return None
+
+    def adopt(self, path: Path) -> str:
+        return ""
+
+    def save_failed(self, label: int) -> None:
+        return None
+
+    def mark_tainted(self, from_step: int) -> None:
+        return None
+
+    def final_written(self) -> bool:
+        return True  # exit 0 is success: there is no other marker to wait for
+
+    def publish_final(self) -> str | None:
+        return None
 
 
 class Inputs:
@@ -240,6 +333,7 @@ class TrainerRun(ABC):
         self.notes = []
         self.output = OutputFormat()
         self.inputs = Inputs()
+        self.states = NoStates()  # until ``bind`` gives the run its own
         self.given_argv: tuple[str, ...] = ()  # the command as the user gave it (set by ``registry``)
 
     @property
@@ -275,10 +369,11 @@ class TrainerRun(ABC):
         """The run dir, its ledger and journal exist: set up ``states`` and ``inputs``."""
 
     @abstractmethod
-    def launch(self, plan: Plan, attempt: int, resume: StateRecord | None, run_dir: Path) -> list[str]:
-        """The argv of this attempt (resume arguments, derived copies written); calls ``states.begin``.
+    def launch(self, plan: Plan, attempt: int, resume: StateRecord | None, run_dir: Path) -> Launch:
+        """This attempt's launch (resume arguments in its argv, derived copies written).
 
-        ``plan`` is the engine's copy for this launch: the adapter may change it (its ``env`` is used).
+        ``plan`` is the engine's copy for this launch: the adapter may change it. The engine then
+        enters the attempt in ``states`` (``begin``) with the value returned; ``launch`` never does.
         May raise ``OSError`` when a derived file cannot be written: the engine then never launches.
         """
 
@@ -288,12 +383,14 @@ class TrainerRun(ABC):
         return ()
 
     @abstractmethod
-    def ladder(self, fault: str) -> tuple[Rung, ...]:
-        """The remedy ladder of a fault class in this trainer's terms."""
+    def ladder(self, fault: str, plan: Plan | None = None) -> tuple[Rung, ...]:
+        """The remedy ladder of a fault class in this trainer's terms, for ``plan`` (None: the
+        session's own ``plan``)."""
 
     @abstractmethod
     def apply(self, plan: Plan, action: Action, evidence: str | None = None) -> str | None:
-        """Apply one action to the plan; what changed in words, or None when it means nothing here."""
+        """Apply one action to ``plan`` and to nothing else (the engine also tries actions on dry-run
+        copies); what changed in words, or None when it means nothing here."""
 
     def python(self, env: Mapping[str, str]) -> str | None:
         """The interpreter that runs the trainer (for an environment upgrade), when it can be told."""
@@ -307,8 +404,9 @@ class TrainerRun(ABC):
         """What a user must also change by hand to apply this plan without trainsup."""
         return []
 
-    def on_summary(self, batches_per_epoch: int | None, grad_accum: int | None) -> Notice | None:
-        """The trainer's start-up summary was read; a warning to journal and say, or None."""
+    def on_summary(self, summary: Mapping[str, Any]) -> Notice | None:
+        """The facts of the trainer's start-up summary read so far (``OutputFormat.summary``); a
+        warning to journal and say, or None. Heard again with each saved state and at the end."""
         return None
 
     def upgrade_spec(self, action: Action, evidence: str | None) -> str:
@@ -333,14 +431,31 @@ class TrainerRun(ABC):
         return None
 
 
+# The claim scale: what ``TrainerFamily.detect`` answers, from surest to weakest.
+NAMES_SCRIPT = 10  # the family names the command's script (kohya: train_network.py; litgpt finetune_lora)
+TELLTALE = 5  # flags only this family's trainers take; counts only when no family names the script
+ANY_COMMAND = 1  # any command at all (the ``command`` family: no trainer knowledge)
+NO_CLAIM = 0
+
+
 class TrainerFamily(Protocol):
-    """An adapter: registered under the ``trainsup.trainers`` entry-point group."""
+    """An adapter: registered under the ``trainsup.trainers`` entry-point group.
+
+    Detection is a claim scale, not a contest of flag counts. A family answers ``detect`` with
+    ``NAMES_SCRIPT`` when it names the command's script (a script name, a console script and its
+    subcommand, a ``-m`` module): a script's name decides first, and only the families that name it
+    compete. ``TELLTALE`` is for a script no family names whose flags only this family's trainers
+    take (a renamed copy of an sd-scripts script with ``--network_module``); a flag that trainers of
+    other families take too (``--pretrained_model_name_or_path``: every diffusers script) is no
+    telltale. ``ANY_COMMAND`` is the ``command`` family's. Among equal claims the registry takes the
+    family whose name sorts last, so claims should not tie: a family names only its own scripts.
+    """
 
     name: str
     description: str
 
     def detect(self, argv: Sequence[str]) -> int:
-        """How surely this family runs the command: 0 not at all; the highest score wins."""
+        """How this family claims the command, on the claim scale (``NO_CLAIM``: not at all)."""
         ...
 
     def open(self, setup: Setup) -> TrainerRun:
@@ -350,6 +465,11 @@ class TrainerFamily(Protocol):
     def rules(self) -> tuple[FaultRule, ...]:
         """The family's own fault rules for a log of any trainer (``diagnose``, which may not know
         the command). A run's ``TrainerRun.rules()`` may add rules too weak for unknown logs."""
+        ...
+
+    def output(self) -> OutputFormat:
+        """A fresh format of the family's output: ``diagnose``, which may not know the trainer, reads a
+        log with every family's (its progress drops evidence training outlived; its success line)."""
         ...
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from ..record.journal import Journal
 from ..record.ledger import Ledger, StateRecord
 from ..record.textfmt import shown_path
+from .base import Plan
 
 
 class LedgerStates:
@@ -45,6 +46,10 @@ class LedgerStates:
         """Steps this attempt trained, as its saved states prove them."""
         return max([0] + [s.step - self.resume_step for s in self.ledger.states if s.attempt == self.attempt])
 
+    def save_failed(self, label: int) -> None:
+        """A save the trainer announced failed half-way: a store whose saves are named by label
+        marks what it left bad (``ResumePoints``); one that checks every state on disk need not."""
+
     def mark_tainted(self, from_step: int) -> None:
         """Saved at or after a NaN: never a resume point."""
         for state in self.ledger.states:
@@ -54,17 +59,17 @@ class LedgerStates:
     run_complete = False  # the last step's state is complete: stop the trainer, the run is done
     relaunch_at_state = False  # an exact resume point is complete: stop the trainer and resume from it
 
-    def newest(self, nan_step: int | None = None, max_steps: int | None = None,
+    def newest(self, nan_step: int | None = None, max_steps: int | None = None, plan: Plan | None = None,
                accept: Callable[[StateRecord], bool] = lambda _state: True) -> StateRecord | None:
-        """The newest state to resume from: never a bad one, never one saved at or after a NaN
-        (``accept``: only among the states it takes)."""
+        """The newest state the next launch of ``plan`` resumes from: never a bad one, never one
+        saved at or after a NaN (``accept``: only among the states it takes)."""
         best: StateRecord | None = None
         for state in self.ledger.states:
             if state.dir in self.ledger.bad_states or (nan_step is not None and state.step >= nan_step):
                 continue
             if not accept(state):
                 continue
-            if not self.resumable(state, max_steps):
+            if not self.resumable(state, max_steps, plan):
                 continue
             if best is not None and (state.step, state.attempt) <= (best.step, best.attempt):
                 continue
@@ -73,8 +78,9 @@ class LedgerStates:
             best = state
         return best
 
-    def resumable(self, state: StateRecord, max_steps: int | None) -> bool:
-        """Whether the trainer may resume from this state at all (by its step, its attempt)."""
+    def resumable(self, state: StateRecord, max_steps: int | None, plan: Plan | None = None) -> bool:
+        """Whether the next launch of ``plan`` (None: the last launched) may resume from this state
+        at all (by its step, its attempt, what the plan changed since it was saved)."""
         return True
 
     def usable(self, path: Path, nan_step: int | None) -> bool:

@@ -1,28 +1,80 @@
-"""Owns resume points for trainers that name each saved state with its true step (LitGPT's
-``step-000010/``, a declarative ``checkpoint-*`` glob): listing them, claiming the complete ones an
-attempt wrote into the ledger, choosing the newest safe one, and moving aside what a resumed attempt
-would otherwise overwrite.
+"""Owns the default state store: "states are directories matching a pattern, named with their
+true step, complete when these files are there" (LitGPT's ``step-000010/``, a declarative
+``checkpoint-*`` glob, the diffusers scripts' ``checkpoint-N/``): listing them, claiming the
+complete ones an attempt wrote into the ledger, choosing the newest safe one, and moving aside what
+a resumed attempt would otherwise overwrite.
 
-The adapter says where states are (``find``: path and step of each candidate) and when one is
-complete (``check``: '' or why not). A state counts for an attempt only when it was written after
-that attempt's launch (its newest file), so a same-named state of an earlier run is never claimed.
-Nothing is ever deleted: a state in the way of a resume goes to ``RUN_DIR/set-aside/``.
+The adapter says where states are (``find``: path and step of each candidate; ``step_dirs`` and
+``globbed`` build one from a name pattern) and when one is complete (``check``: '' or why not;
+``files_present`` builds one from file names, ``accelerate.state_problem`` knows accelerate's
+states). A state counts for an attempt only when it was written after that attempt's launch (its
+newest file), so a same-named state of an earlier run is never claimed. Nothing is ever deleted: a
+state in the way of a resume goes to ``RUN_DIR/set-aside/``.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ..record.journal import Journal
 from ..record.ledger import AttemptRecord, Ledger, StateRecord
 from ..record.textfmt import shown_path
+from .base import Launch, Plan
 from .ledgerstates import LedgerStates
 
 Find = Callable[[], list[tuple[Path, int]]]
 Check = Callable[[Path], str]
+_LAST_NUMBER = re.compile(r"(\d+)(?!.*\d)")
+
+
+def step_dirs(base: Path, name: re.Pattern[str]) -> list[tuple[Path, int]]:
+    """The directories directly in ``base`` whose whole name matches ``name`` (group 1: the true
+    step), by step."""
+    found: list[tuple[Path, int]] = []
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return found
+    for entry in entries:
+        m = name.fullmatch(entry.name)
+        if m is not None and entry.is_dir():
+            found.append((Path(entry.path), int(m.group(1))))
+    return sorted(found, key=lambda f: f[1])
+
+
+def globbed(base: Path, pattern: str, step: re.Pattern[str] | None = None) -> Find:
+    """``find`` for the paths ``pattern`` (a glob, relative to ``base`` or absolute) matches; a
+    state's true step is group 1 of ``step`` searched in its name (default: the name's last number)."""
+    absolute = Path(pattern).is_absolute()
+    root, rest = (Path("/"), pattern.lstrip("/")) if absolute else (base, pattern)
+
+    def find() -> list[tuple[Path, int]]:
+        found = []
+        for path in root.glob(rest):
+            m = (step or _LAST_NUMBER).search(path.name)
+            if m is not None:
+                found.append((path.resolve(), int(m.group(1))))
+        return sorted(found, key=lambda f: f[1])
+    return find
+
+
+def files_present(names: Iterable[str]) -> Check:
+    """``check`` for "complete when these files are inside it" (none: when it exists at all)."""
+    wanted = tuple(names)
+
+    def check(path: Path) -> str:
+        if not path.exists():
+            return "missing"
+        for name in wanted:
+            if not (path / name).is_file():
+                return f"{name} missing"
+        return ""
+    return check
 
 
 def newest_mtime(path: Path) -> float:
@@ -53,11 +105,11 @@ class StepStates(LedgerStates):
         self.attempt_started = last.started if last.started is not None else self.attempt_started
         self.collect()
 
-    def begin(self, attempt: int, resume_step: int, output_name: str | None = None) -> None:
-        self.attempt, self.resume_step = attempt, resume_step
+    def begin(self, attempt: int, launch: Launch) -> None:
+        self.attempt, self.resume_step = attempt, launch.resume_step
         self.attempt_started = time.time()
         # The step in a state's name is the true step: the label offset is 0.
-        self.ledger.attempts.append(AttemptRecord(attempt, output_name, resume_step, 0,
+        self.ledger.attempts.append(AttemptRecord(attempt, launch.output_name, launch.resume_step, 0,
                                                   round(self.attempt_started, 3)))
         self.ledger.save()
 
@@ -77,7 +129,7 @@ class StepStates(LedgerStates):
                 recorded.append(state)
         return recorded
 
-    def resumable(self, state: StateRecord, max_steps: int | None) -> bool:
+    def resumable(self, state: StateRecord, max_steps: int | None, plan: Plan | None = None) -> bool:
         return self.resume_at_end or max_steps is None or state.step < max_steps
 
     def usable(self, path: Path, nan_step: int | None) -> bool:
@@ -96,9 +148,6 @@ class StepStates(LedgerStates):
                 self.journal.event("state_adopted", dir=str(path), step=step)
                 return ""
         return "not a saved state of this trainer"
-
-    def mark_failed_save(self, label: int) -> None:
-        return None
 
     def final_written(self) -> bool:
         """Whether this attempt wrote the run's final output (what makes exit 0 a success)."""

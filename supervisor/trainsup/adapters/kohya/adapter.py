@@ -20,12 +20,24 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...faults import remedies
 from ...faults.remedies import Action, Rung
 from ...faults.rules import FaultRule
 from ...record.journal import Journal
 from ...record.ledger import Ledger, StateRecord
-from ...trainers.base import Finding, Notice, Plan, Samples, Say, Setup, TrainerRun
+from ...trainers.base import (
+    NAMES_SCRIPT,
+    NO_CLAIM,
+    TELLTALE,
+    Finding,
+    Launch,
+    Notice,
+    OutputFormat,
+    Plan,
+    Samples,
+    Say,
+    Setup,
+    TrainerRun,
+)
 from ...trainers.cmdline import TrainerCommand, find_script
 from ...trainers.interpreter import trainer_python
 from . import doctor as kohya_doctor
@@ -33,18 +45,25 @@ from .doctor_checks import CommandView, load_view
 from .exact import epoch_aligned
 from .identity import identity_fields, outputs_under
 from .inputs import KohyaInputs
-from .output import KohyaOutput
+from .output import BATCHES_PER_EPOCH, GRAD_ACCUM, KohyaOutput
 from .plan import LaunchPlan, apply_action, upgrade_spec
 from .points import Cadence, ResumePoints
 from .prepare import prepare
 from .profile import script_info
+from .remedies import ladder as kohya_ladder
 from .samples import SampleCadence
 
 # sd-scripts: OUTPUT_DIR/sample/[NAME_]STEP6_II_TIMESTAMP[_SEED].png (epoch samples: eEPOCH6)
 _SAMPLE_STEP = r"(\d{6})_\d{2}(?:_\d{14})?(?:_\d+)?\.png$"
 
-# Flags only kohya-style trainers take: a script of another name with one of them is kohya's too.
+# Telltale flags (the claim scale's TELLTALE, ``trainers.base``): a script no family names (a renamed
+# copy of an sd-scripts script) that takes one of them is kohya's. Its own scripts, present and new,
+# are claimed by name instead (``profile``'s script kinds), never by these.
 _TELLTALE = ("--pretrained_model_name_or_path", "--network_module", "--dataset_config", "--train_data_dir")
+# ...unless it also takes flags no sd-scripts script has: the diffusers and accelerate example
+# scripts share the first two telltales but checkpoint with these (``--resume_from_checkpoint latest``).
+_NOT_KOHYA = ("--checkpointing_steps", "--resume_from_checkpoint", "--checkpoints_total_limit",
+              "--instance_data_dir", "--instance_prompt")
 
 
 class KohyaRun(TrainerRun):
@@ -114,7 +133,7 @@ class KohyaRun(TrainerRun):
         return SampleCadence(number("sample_every_n_steps"), number("sample_every_n_epochs"),
                              self.plan.effective("sample_at_first"), self.total_steps or 0)
 
-    def launch(self, plan: Plan, attempt: int, resume: StateRecord | None, run_dir: Path) -> list[str]:
+    def launch(self, plan: Plan, attempt: int, resume: StateRecord | None, run_dir: Path) -> Launch:
         assert isinstance(plan, LaunchPlan)
         cmd, name = plan.command, self.prepared.output_name
         # The user's own output name is safe only for a fresh start that nothing of this run has
@@ -138,7 +157,8 @@ class KohyaRun(TrainerRun):
             cmd.remove("resume")
             cmd.remove("initial_step")
         self.kohya_output.epoch_started = 0
-        saves = self.points.begin(attempt, resume.step if resume else 0, output_name, skips)
+        resume_step = resume.step if resume else 0
+        saves = self.points.plan_attempt(attempt, resume_step, output_name, skips)
         never = str((self.total_steps or 0) + 1)  # past every label it counts (a --config_file's too)
         if not own_name:
             # Its labels run behind the true steps: a cadence whose saves land on the user's steps.
@@ -157,10 +177,12 @@ class KohyaRun(TrainerRun):
                 plan.config_overlay_removed.add("sample_at_first")
         self.kohya_inputs.before_launch(attempt, plan)
         plan.write_derived_configs(run_dir, attempt)
-        return cmd.argv()
+        # Its labels: true steps from the beginning; from 0 at an epoch's end; mid-epoch, the summary tells.
+        return Launch.of(plan, cmd.argv(), resume, output_name=output_name,
+                         label_offset=0 if resume_step == 0 else None if skips else resume_step)
 
-    def ladder(self, fault: str) -> tuple[Rung, ...]:
-        return remedies.ladder(fault)
+    def ladder(self, fault: str, plan: Plan | None = None) -> tuple[Rung, ...]:
+        return kohya_ladder(fault)
 
     def apply(self, plan: Plan, action: Action, evidence: str | None = None) -> str | None:
         assert isinstance(plan, LaunchPlan)
@@ -181,8 +203,8 @@ class KohyaRun(TrainerRun):
         return [f"--{key} is set in {plan.user_config}: remove it there too "
                 "(trainsup run writes a derived copy instead)" for key in sorted(plan.config_overlay_removed)]
 
-    def on_summary(self, batches_per_epoch: int | None, grad_accum: int | None) -> Notice | None:
-        self.points.summary(batches_per_epoch, grad_accum)
+    def on_summary(self, summary: Mapping[str, Any]) -> Notice | None:
+        self.points.summary(summary.get(BATCHES_PER_EPOCH), summary.get(GRAD_ACCUM))
         return None
 
     @functools.cached_property
@@ -201,6 +223,10 @@ class KohyaFamily:
     name = "kohya"
     description = "kohya-ss sd-scripts and musubi-tuner (train_network.py, flux_train_network.py, ...)"
 
+    def output(self) -> OutputFormat:
+        """A fresh format of this trainer's output (``diagnose`` reads a log with every family's)."""
+        return KohyaOutput()
+
     def rules(self) -> tuple[FaultRule, ...]:
         return ()  # the built-in table is this trainer's wording
 
@@ -210,12 +236,13 @@ class KohyaFamily:
         except ValueError:
             # `accelerate launch` with no script: kohya's launcher, missing its script (a usage error)
             launcher = [os.path.basename(a).removesuffix(".exe") for a in argv[:2]]
-            return 3 if launcher == ["accelerate", "launch"] else 0
+            return TELLTALE if launcher == ["accelerate", "launch"] else NO_CLAIM
         token = argv[at]
         script = os.path.basename(token)[:-3] if token.endswith(".py") else token.rsplit(".", 1)[-1]
         if script_info(script).kind != "unknown":
-            return 10
-        return 5 if any(a.split("=", 1)[0] in _TELLTALE for a in argv[at + 1:]) else 0
+            return NAMES_SCRIPT
+        flags = {a.split("=", 1)[0] for a in argv[at + 1:]}
+        return TELLTALE if flags & set(_TELLTALE) and not flags & set(_NOT_KOHYA) else NO_CLAIM
 
     def open(self, setup: Setup) -> TrainerRun:
         return KohyaRun(setup)

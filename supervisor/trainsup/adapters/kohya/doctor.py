@@ -17,8 +17,8 @@ from pathlib import Path
 from ...record.textfmt import format_size
 from ...trainers.base import DoctorFacts, Finding
 from ...trainers.interpreter import at_least, upgrade_command
+from ...trainers.sthead import float8_dtypes
 from .doctor_checks import CommandView, check_command
-from .sthead import float8_dtypes
 
 __all__ = ["PACKAGES", "findings", "state_size"]
 

@@ -20,10 +20,10 @@ from typing import Any
 
 from ...trainers.base import Finding
 from ...trainers.cmdline import TrainerCommand, find_script
+from ...trainers.sthead import Header, HeaderError, float8_dtypes, load_header
 from . import tomlio
 from .profile import ScriptInfo, script_info
 from .states import check_state
-from .sthead import Header, HeaderError, float8_dtypes, load_header
 
 __all__ = ["CommandView", "check_command", "load_view"]
 

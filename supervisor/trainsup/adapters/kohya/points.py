@@ -22,13 +22,16 @@ from pathlib import Path
 
 from ...record.journal import Journal
 from ...record.ledger import AttemptRecord, Ledger, StateRecord, label_offset
+from ...trainers import accelerate
+from ...trainers.accelerate import check_safetensors
+from ...trainers.base import Launch, Plan
 from ...trainers.ledgerstates import LedgerStates
 from .exact import AttemptSaves, attempt_saves, epoch_aligned, save_steps
 from .identity import outputs_under
 from .profile import final_weights_name, parse_state_name, save_names, state_dir_names
 from .publish import Publisher
 from .samples import SampleCadence, SampleShelf
-from .states import check_safetensors, check_state, state_dirs
+from .states import check_state, state_dirs
 from .weights import has_non_finite
 
 
@@ -48,11 +51,12 @@ def _names(output_name: str | None) -> set[str]:
     return {step, epoch, final[: -len("-state")]}
 
 
-def _written(state: Path) -> float:
-    try:
-        return (state / "random_states_0.pkl").stat().st_mtime
-    except OSError:
-        return float("inf")  # not complete: looked at last
+def _offset(resume_step: int, skips: bool) -> int | None:
+    """An attempt's label offset at launch: 0 from the beginning; at an epoch's end (no skipping)
+    kohya counts from 0; mid-epoch only the start-up summary tells (``summary``)."""
+    if resume_step == 0:
+        return 0
+    return None if skips else resume_step
 
 
 class ResumePoints(LedgerStates):
@@ -96,24 +100,26 @@ class ResumePoints(LedgerStates):
         self.collect()
 
     # --- one attempt -----------------------------------------------------------------------------
-    def begin(self, attempt: int, resume_step: int, output_name: str | None = None,
-              skips: bool = True) -> AttemptSaves:
-        """Enter the attempt in the ledger; returns the step saves it must make."""
+    def plan_attempt(self, attempt: int, resume_step: int, output_name: str | None = None,
+                     skips: bool = True) -> AttemptSaves:
+        """The step saves an attempt launched so must make (the adapter builds its argv from them):
+        what an earlier attempt left incomplete is set aside first; the ledger is not written."""
         self._set_aside_leftovers(attempt)
-        self.attempt, self.output_name, self.resume_step = attempt, output_name, resume_step
+        return self._plan(AttemptRecord(attempt, output_name, resume_step, _offset(resume_step, skips), None, skips))
+
+    def begin(self, attempt: int, launch: Launch) -> None:
+        """Enter the attempt in the ledger, as it was planned (``plan_attempt``)."""
+        self.attempt, self.output_name, self.resume_step = attempt, launch.output_name, launch.resume_step
         self.attempt_started = time.time()
         self.run_complete, self.final_from = False, None
         self.relaunch_at_state = self.segment_end_saved = False
-        offset = None
-        if resume_step == 0:
-            offset = 0
-        elif not skips:
-            offset = resume_step  # resumed at an epoch's end: kohya counts from 0
-        rec = AttemptRecord(attempt, output_name, resume_step, offset, round(self.attempt_started, 3), skips)
+        # Launched with --skip_until_initial_step unless its labels are known (from 0, or at an epoch's end).
+        skips = launch.resume_step == 0 or launch.label_offset is None
+        rec = AttemptRecord(attempt, launch.output_name, launch.resume_step, launch.label_offset,
+                            round(self.attempt_started, 3), skips)
         self.ledger.attempts.append(rec)
         self.ledger.save()
         self.saves = self._plan(rec)
-        return self.saves
 
     def _set_aside_leftovers(self, attempt: int) -> None:
         """What an earlier attempt left under its own ``NAME-trainsupN`` name and never completed (it
@@ -192,11 +198,11 @@ class ResumePoints(LedgerStates):
         recorded: list[StateRecord] = []
         # In the order they were written (their last file's time): a step state and the epoch's at the
         # same step are claimed as the trainer saved them, whichever output line arrived first.
-        for path in [only] if only is not None else sorted(state_dirs(self.output_dir, names), key=_written):
+        for path in [only] if only is not None else sorted(state_dirs(self.output_dir, names), key=accelerate.written_at):
             parsed = parse_state_name(path.name)
             if parsed is None or parsed[0] not in names or self.ledger.step_of(path) is not None:
                 continue
-            if not self.written_this_attempt(path / "random_states_0.pkl"):
+            if not self.written_this_attempt(path / accelerate.LAST_FILE):
                 continue  # a state of an earlier run under the same name: not this attempt's to claim
             check = check_state(path, need_scaler=self.need_scaler)
             if not check.ok or check.label_step is None:
@@ -297,7 +303,7 @@ class ResumePoints(LedgerStates):
             self.journal.event("save_pruned", dir=str(path), step=state.step)
         self.ledger.save()
 
-    def mark_failed_save(self, label: int) -> None:
+    def save_failed(self, label: int) -> None:
         """The state save at this label raised half-way: never resume from what it left."""
         step_name = state_dir_names(self.output_name)[0]
         self.ledger.mark_bad(self.output_dir / f"{step_name}-step{label:08d}-state")
@@ -322,7 +328,7 @@ class ResumePoints(LedgerStates):
         self.journal.event("state_adopted", dir=str(path), step=check.label_step)
         return ""
 
-    def resumable(self, state: StateRecord, max_steps: int | None) -> bool:
+    def resumable(self, state: StateRecord, max_steps: int | None, plan: Plan | None = None) -> bool:
         """Never a state at ``max_steps`` or past it: kohya refuses ``--initial_step`` >=
         ``--max_train_steps``, so a fault after the last state, before the final weights, resumes one
         state earlier."""
@@ -368,16 +374,16 @@ class ResumePoints(LedgerStates):
     def per_epoch(self) -> int | None:
         return self.ledger.per_epoch()
 
-    def newest(self, nan_step: int | None = None, max_steps: int | None = None,
+    def newest(self, nan_step: int | None = None, max_steps: int | None = None, plan: Plan | None = None,
                accept: Callable[[StateRecord], bool] = lambda _state: True) -> StateRecord | None:
         """The newest safe state, or the newest at an epoch's end when it is at most two save
         intervals older: only an epoch's end resumes sd-scripts with the data order and random state
         an uninterrupted run has there. None (a fresh start) counts as the end of epoch 0."""
-        best = super().newest(nan_step, max_steps, accept)
+        best = super().newest(nan_step, max_steps, plan, accept)
         per_epoch = self.per_epoch()
         if best is None or per_epoch is None or epoch_aligned(best.step, per_epoch):
             return best
-        aligned = super().newest(nan_step, max_steps, lambda s: accept(s) and epoch_aligned(s.step, per_epoch))
+        aligned = super().newest(nan_step, max_steps, plan, lambda s: accept(s) and epoch_aligned(s.step, per_epoch))
         base = aligned.step if aligned is not None else 0
         if best.step - base > 2 * (self.cadence.every_steps or per_epoch):
             self.journal.event("resume_inexact", newest=best.dir, step=best.step, epoch_end=base,

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ...trainers import accelerate
+
 # Script kinds: "sd" (SD1/2), "sdxl", "dit" (Flux, SD3, musubi video models).
 _SCRIPT_KINDS = {
     "train_network": "sd",
@@ -55,8 +57,8 @@ DEFAULT_STEP_NAME = "at"
 DEFAULT_EPOCH_NAME = "epoch"
 DEFAULT_LAST_NAME = "last"
 
-STATE_FILES = ("train_state.json", "model.safetensors", "optimizer.bin", "scheduler.bin",
-               "random_states_0.pkl")
+# A state: kohya's train_state.json, then accelerate's save_state files (the shared format).
+STATE_FILES = accelerate.required_files(first=("train_state.json",))
 
 _STEP_STATE = re.compile(r"^(?P<name>.+)-step(?P<step>\d{8})-state$")
 _EPOCH_STATE = re.compile(r"^(?P<name>.+)-(?P<epoch>\d{6})-state$")

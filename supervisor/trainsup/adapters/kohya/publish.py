@@ -19,7 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ...record.fsutil import link_or_copy, move_into, publish_copy
-from .states import check_safetensors, check_state
+from ...trainers.accelerate import check_safetensors
+from .states import check_state
 
 
 class Publisher:

@@ -1,9 +1,9 @@
 """Owns deciding whether a saved kohya state directory is complete and safe to resume from.
 
-kohya writes a state with no completion marker and nothing atomic, in the order train_state.json,
-model.safetensors, optimizer.bin, scheduler.bin, [scaler.pt,] random_states_0.pkl. A state counts
-only when every file exists, ``train_state.json`` parses, and ``model.safetensors`` has a readable
-header whose tensors all lie inside the file. No tensor is loaded and torch is never imported.
+kohya writes its ``train_state.json`` and then accelerate's ``save_state`` directory (the shared
+``trainers.accelerate``: model.safetensors, optimizer.bin, scheduler.bin, [scaler.pt,]
+random_states_0.pkl), with no completion marker and nothing atomic. A state counts only when every
+file exists, ``train_state.json`` parses, and ``model.safetensors`` is whole (``accelerate``).
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...trainers import accelerate
+from ...trainers.accelerate import check_safetensors
 from .profile import STATE_FILES, parse_state_name
-from .sthead import HeaderError, load_header
 
 
 @dataclass(frozen=True)
@@ -25,43 +26,12 @@ class StateCheck:
     epoch: int | None = None
 
 
-def check_safetensors(path: Path) -> str:
-    """'' when the file's header parses and covers the file; else why not."""
-    try:
-        header = load_header(path)
-        missing = header.missing_bytes()
-    except HeaderError as exc:
-        return f"{path.name}: {exc}"
-    except OSError as exc:
-        return f"{path.name}: unreadable header ({exc})"
-    if missing:
-        return f"{path.name}: truncated ({header.size} bytes, tensors need {header.size + missing})"
-    return _library_check(path)
-
-
-def _library_check(path: Path) -> str:
-    """Also ask the safetensors library, when numpy is there for it (it needs a framework)."""
-    try:
-        import numpy  # noqa: F401
-        from safetensors import safe_open
-    except ImportError:
-        return ""
-    try:
-        with safe_open(str(path), framework="numpy") as fh:
-            fh.keys()
-    except Exception as exc:  # noqa: BLE001 - the library raises its own SafetensorError types
-        return f"{path.name}: safetensors refused it ({exc})"
-    return ""
-
-
 def check_state(path: Path, need_scaler: bool = False) -> StateCheck:
     if not path.is_dir():
         return StateCheck(path, False, "not a directory")
-    needed = list(STATE_FILES) + (["scaler.pt"] if need_scaler else [])
-    for name in needed:
-        f = path / name
-        if not f.is_file() or f.stat().st_size == 0:
-            return StateCheck(path, False, f"{name} missing or empty")
+    missing = accelerate.missing_file(path, [*STATE_FILES, *([accelerate.SCALER] if need_scaler else [])])
+    if missing:
+        return StateCheck(path, False, missing)
     try:
         train_state = json.loads((path / "train_state.json").read_text())
         step = int(train_state["current_step"])

@@ -22,7 +22,18 @@ from ...faults.remedies import Action, Rung
 from ...faults.rules import FaultRule
 from ...record.journal import Journal
 from ...record.ledger import Ledger, StateRecord
-from ...trainers.base import Finding, Plan, Say, Setup, TrainerRun, UsageError
+from ...trainers.base import (
+    NAMES_SCRIPT,
+    NO_CLAIM,
+    Finding,
+    Launch,
+    OutputFormat,
+    Plan,
+    Say,
+    Setup,
+    TrainerRun,
+    UsageError,
+)
 from ...trainers.interpreter import trainer_python
 from . import doctor
 from .configfile import ConfigFile
@@ -64,9 +75,8 @@ class LitgptRun(TrainerRun):
         self.output_dir = self.out = self._out_dir()
         self.lit_output = LitOutput()
         self.output = self.lit_output
-        self._next_gen = 0  # the schedule generation of the plan the next launch gets
+        self._launched_gen = 0  # the schedule generation of the plan launched last
         self._attempt_gen: dict[int, int] = {}
-        self._latest = self.plan
         self._say: Say = lambda _m: None
         self._resume_setting()
         if self.method.resume == "none":
@@ -136,15 +146,15 @@ class LitgptRun(TrainerRun):
         self.lit_states = LitStates(ledger, journal, say, self.method, self.out, run_dir, self._resumable)
         self.states = self.lit_states
 
-    def _resumable(self, state: StateRecord) -> bool:
-        # Only a state saved under the LR schedule the next launch asks for (LitGPT restores the
+    def _resumable(self, state: StateRecord, plan: Plan | None) -> bool:
+        # Only a state saved under the LR schedule the launch of ``plan`` asks for (LitGPT restores the
         # schedule from it); attempts of an earlier supervisor ran the user's plan, generation 0.
-        return self._attempt_gen.get(state.attempt, 0) == self._next_gen
+        gen = plan.schedule_gen if isinstance(plan, LitPlan) else self._launched_gen
+        return self._attempt_gen.get(state.attempt, 0) == gen
 
     # --- launching -----------------------------------------------------------------------------
-    def launch(self, plan: Plan, attempt: int, resume: StateRecord | None, run_dir: Path) -> list[str]:
+    def launch(self, plan: Plan, attempt: int, resume: StateRecord | None, run_dir: Path) -> Launch:
         assert isinstance(plan, LitPlan)
-        self._seen(plan)
         states = self.lit_states
         if resume is not None and self.method.resume == "path":
             state = Path(resume.dir)
@@ -162,11 +172,10 @@ class LitgptRun(TrainerRun):
         if out != self.out:
             plan.set("out_dir", str(out))
         states.current_out = out
-        states.begin(attempt, resume.step if resume else 0)
-        self._attempt_gen[attempt] = plan.schedule_gen
+        self._attempt_gen[attempt] = self._launched_gen = plan.schedule_gen
         self._begin_output(plan)
         plan.write_derived_configs(run_dir, attempt)
-        return plan.argv()
+        return Launch.of(plan, plan.argv(), resume)
 
     def _begin_output(self, plan: LitPlan) -> None:
         try:
@@ -180,23 +189,16 @@ class LitgptRun(TrainerRun):
         except ValueError:
             self.lit_output.begin(None, None, 1, False)  # unreadable numbers: look on disk instead
 
-    def _seen(self, plan: LitPlan) -> None:
-        """The plan most recently applied or launched is the one the next launch gets: the engine
-        asks ``states.newest`` after the remedy's ``apply`` and before ``launch``."""
-        self._latest, self._next_gen = plan, plan.schedule_gen
-
     # --- remedies ------------------------------------------------------------------------------
     def rules(self) -> tuple[FaultRule, ...]:
         return RUN_RULES
 
-    def ladder(self, fault: str) -> tuple[Rung, ...]:
-        return ladder(fault, self._latest)
+    def ladder(self, fault: str, plan: Plan | None = None) -> tuple[Rung, ...]:
+        return ladder(fault, plan if isinstance(plan, LitPlan) else self.plan)
 
     def apply(self, plan: Plan, action: Action, evidence: str | None = None) -> str | None:
         assert isinstance(plan, LitPlan)
-        change = apply_action(plan, action, evidence)
-        self._seen(plan)
-        return change
+        return apply_action(plan, action, evidence)
 
     def python(self, env: Mapping[str, str]) -> str | None:
         return trainer_python(self.plan.launcher_head, dict(env))
@@ -232,10 +234,14 @@ class LitgptFamily:
     description = "LitGPT (litgpt finetune_lora, finetune_full, finetune_adapter[_v2], pretrain)"
 
     def detect(self, argv: Sequence[str]) -> int:
-        return 10 if find_subcommand(list(argv)) is not None else 0
+        return NAMES_SCRIPT if find_subcommand(list(argv)) is not None else NO_CLAIM
 
     def open(self, setup: Setup) -> TrainerRun:
         return LitgptRun(setup)
+
+    def output(self) -> OutputFormat:
+        """A fresh format of this trainer's output (``diagnose`` reads a log with every family's)."""
+        return LitOutput()
 
     def rules(self) -> tuple[FaultRule, ...]:
         """LitGPT's wording, for ``diagnose`` on a log whose trainer it does not know."""

@@ -29,7 +29,8 @@ from ...record.fsutil import link_or_copy, move_into
 from ...record.journal import Journal
 from ...record.ledger import Ledger, StateRecord
 from ...record.textfmt import shown_path
-from ...trainers.stepstates import StepStates, newest_mtime
+from ...trainers.base import Plan
+from ...trainers.stepstates import StepStates, newest_mtime, step_dirs
 from .methods import Method
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -77,23 +78,14 @@ def state_problem(path: Path, method: Method, cache: dict[Path, tuple[int, int, 
 
 def step_folders(base: Path) -> list[tuple[Path, int]]:
     """The ``step-N`` folders directly in ``base``, by step."""
-    found: list[tuple[Path, int]] = []
-    try:
-        entries = list(os.scandir(base))
-    except OSError:
-        return found
-    for entry in entries:
-        m = _STEP_DIR.match(entry.name)
-        if m is not None and entry.is_dir():
-            found.append((Path(entry.path), int(m.group(1))))
-    return sorted(found, key=lambda f: f[1])
+    return step_dirs(base, _STEP_DIR)
 
 
 class LitStates(StepStates):
     """StepStates over OUT and the run's own out dirs, with LitGPT's completeness check."""
 
     def __init__(self, ledger: Ledger, journal: Journal, say: Callable[[str], None], method: Method,
-                 out: Path, run_dir: Path, resumable: Callable[[StateRecord], bool]) -> None:
+                 out: Path, run_dir: Path, resumable: Callable[[StateRecord, Plan | None], bool]) -> None:
         super().__init__(ledger, journal, say, self._find, self._check, final=self._final, publish=self._publish)
         self.method, self.out, self.run_dir = method, out, run_dir
         self.current_out = out  # where the running attempt writes
@@ -126,10 +118,11 @@ class LitStates(StepStates):
     def _check(self, path: Path) -> str:
         return state_problem(path, self.method, self._verdicts)
 
-    def resumable(self, state: StateRecord, max_steps: int | None) -> bool:
-        """Only states the adapter calls resumable (its LR schedule, its method); none at all for a
-        method that cannot resume: every restart of it starts from the beginning."""
-        return self.method.resume != "none" and self.adapter_allows(state) and super().resumable(state, max_steps)
+    def resumable(self, state: StateRecord, max_steps: int | None, plan: Plan | None = None) -> bool:
+        """Only states the adapter calls resumable for ``plan`` (its LR schedule, its method); none at
+        all for a method that cannot resume: every restart of it starts from the beginning."""
+        return (self.method.resume != "none" and self.adapter_allows(state, plan)
+                and super().resumable(state, max_steps, plan))
 
     # --- final ---------------------------------------------------------------------------------
     def _final(self) -> Path | None:

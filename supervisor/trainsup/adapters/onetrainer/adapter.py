@@ -22,7 +22,19 @@ from ...faults.remedies import Action, Rung
 from ...faults.rules import FaultRule
 from ...record.journal import Journal
 from ...record.ledger import Ledger, StateRecord
-from ...trainers.base import Finding, Plan, Samples, Say, Setup, TrainerRun, UsageError
+from ...trainers.base import (
+    NAMES_SCRIPT,
+    NO_CLAIM,
+    Finding,
+    Launch,
+    OutputFormat,
+    Plan,
+    Samples,
+    Say,
+    Setup,
+    TrainerRun,
+    UsageError,
+)
 from ...trainers.interpreter import trainer_python
 from . import doctor
 from .backups import backup_args, backup_problem, parse_name
@@ -71,10 +83,9 @@ class OneTrainerRun(TrainerRun):
         self.lora = str(self.plan.value("training_method") or "").upper() == "LORA"
         self.ot_output = OTOutput()
         self.output = self.ot_output
-        self._latest = self.plan
+        self._launched = self.plan  # the plan launched last (what a resume point is for, unless told)
         self._resume_step = 0
         self._attempt = 0
-        self._taint_attempt = 0  # the attempt whose NaN the current plan's resume_below answers
         self._say: Say = lambda _m: None
         if self.plan.get_bool("continue_last_backup", False):
             self._user_continue()
@@ -122,27 +133,30 @@ class OneTrainerRun(TrainerRun):
 
     def bind(self, run_dir: Path, ledger: Ledger, journal: Journal, say: Say) -> None:
         self._say = say
-        self.ot_states = OTStates(ledger, journal, say, self.workspace, self.model_out, lambda: self._latest_epochs(),
+        self.ot_states = OTStates(ledger, journal, say, self.workspace, self.model_out, self._epochs,
                                   self.lora, lambda: self.ot_output.saved_seen, self._not_tainted, run_dir)
         self.states = self.ot_states
         self.ot_inputs = OTInputs(self.plan, run_dir, journal, say)
         self.inputs = self.ot_inputs
 
-    def _latest_epochs(self) -> int | None:
+    def _for(self, plan: Plan | None) -> OTPlan:
+        return plan if isinstance(plan, OTPlan) else self._launched
+
+    def _epochs(self, plan: Plan | None) -> int | None:
         try:
-            return self._latest.get_int("epochs")
+            return self._for(plan).get_int("epochs")
         except ValueError:
             return None
 
-    def _not_tainted(self, state: StateRecord) -> bool:
+    def _not_tainted(self, state: StateRecord, plan: Plan | None) -> bool:
         """After a NaN remedy: only backups saved before the loss ran away."""
-        taint = self._latest.resume_below
-        return taint is None or state.step < taint or state.attempt > self._taint_attempt
+        ot = self._for(plan)
+        return ot.resume_below is None or state.step < ot.resume_below or state.attempt > ot.tainted_by
 
     # --- launching -----------------------------------------------------------------------------
-    def launch(self, plan: Plan, attempt: int, resume: StateRecord | None, run_dir: Path) -> list[str]:
+    def launch(self, plan: Plan, attempt: int, resume: StateRecord | None, run_dir: Path) -> Launch:
         assert isinstance(plan, OTPlan)
-        self._latest = plan
+        self._launched = plan
         extra: dict[str, Any] = {"continue_last_backup": resume is not None}
         start_epoch = 0
         if resume is not None:
@@ -165,16 +179,15 @@ class OneTrainerRun(TrainerRun):
         plan.env.setdefault("PYTHONUNBUFFERED", "1")  # else stdout reaches the pipe only at exit
         self._attempt, self._resume_step = attempt, resume.step if resume else 0
         self.ot_output.begin(start_epoch, str(self.model_out))
-        self.ot_states.begin(attempt, self._resume_step)
         self.ot_inputs.launched(attempt)
-        return plan.launch_argv(config, set(plan.overrides) | set(extra))
+        return Launch.of(plan, plan.launch_argv(config, set(plan.overrides) | set(extra)), resume)
 
     # --- remedies ------------------------------------------------------------------------------
     def rules(self) -> tuple[FaultRule, ...]:
         return RULES
 
-    def ladder(self, fault: str) -> tuple[Rung, ...]:
-        return ladder(fault, self._latest)
+    def ladder(self, fault: str, plan: Plan | None = None) -> tuple[Rung, ...]:
+        return ladder(fault, plan if isinstance(plan, OTPlan) else self.plan)
 
     def apply(self, plan: Plan, action: Action, evidence: str | None = None) -> str | None:
         assert isinstance(plan, OTPlan)
@@ -182,9 +195,9 @@ class OneTrainerRun(TrainerRun):
         if action.kind == "add_flag" and action.name == LR:
             seen = self.ot_output.last_backup_step
             nan_backup = seen if seen is not None else self._resume_step
-            self._taint_attempt = self._attempt
         change = apply_action(plan, action, evidence, nan_backup)
-        self._latest = plan
+        if nan_backup is not None:
+            plan.tainted_by = self._attempt  # the plan, not the session: a dry run's copy changes alone
         return change
 
     def python(self, env: Mapping[str, str]) -> str | None:
@@ -219,10 +232,14 @@ class OneTrainerFamily:
     description = "OneTrainer (python scripts/train.py --config-path CONFIG.json)"
 
     def detect(self, argv: Sequence[str]) -> int:
-        return 10 if find_script(list(argv)) is not None else 0
+        return NAMES_SCRIPT if find_script(list(argv)) is not None else NO_CLAIM
 
     def open(self, setup: Setup) -> TrainerRun:
         return OneTrainerRun(setup)
+
+    def output(self) -> OutputFormat:
+        """A fresh format of this trainer's output (``diagnose`` reads a log with every family's)."""
+        return OTOutput()
 
     def rules(self) -> tuple[FaultRule, ...]:
         """OneTrainer's wording, for ``diagnose`` on a log whose trainer it does not know."""

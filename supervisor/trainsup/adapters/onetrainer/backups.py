@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..kohya.sthead import HeaderError, load_header
+from ...trainers.sthead import HeaderError, load_header
 from ..litgpt.states import weights_problem
 
 NAME = re.compile(r"^(?P<ts>\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2})-backup-(?P<step>\d+)-(?P<epoch>\d+)-(?P<estep>\d+)$")

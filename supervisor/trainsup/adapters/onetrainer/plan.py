@@ -87,6 +87,7 @@ class OTPlan(Plan):
     env: dict[str, str] = field(default_factory=dict)
     # After a NaN: resume only from a backup below this step (the newest one may hold blown-up weights)
     resume_below: int | None = None
+    tainted_by: int = 0  # the attempt whose NaN ``resume_below`` answers: later attempts' backups are sound
 
     @classmethod
     def parse(cls, argv: list[str], cwd: Path, read: bool = True) -> OTPlan:
@@ -103,7 +104,7 @@ class OTPlan(Plan):
 
     def copy(self) -> OTPlan:
         return OTPlan(list(self.argv), self.script_at, self.cwd, self.config_path, self.doc,
-                      copy.deepcopy(self.overrides), dict(self.env), self.resume_below)
+                      copy.deepcopy(self.overrides), dict(self.env), self.resume_below, self.tainted_by)
 
     # --- reading -----------------------------------------------------------------------------
     def cli_values(self) -> list[tuple[str, str]]:

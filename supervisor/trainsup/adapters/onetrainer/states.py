@@ -24,6 +24,7 @@ from ...record.fsutil import move_into
 from ...record.journal import Journal
 from ...record.ledger import Ledger, StateRecord
 from ...record.textfmt import shown_path
+from ...trainers.base import Plan
 from ...trainers.stepstates import StepStates, newest_mtime
 from .backups import backup_problem, parse_name
 
@@ -32,8 +33,9 @@ class OTStates(StepStates):
     announce_on_claim = False  # said after a second backup is hidden (``collect``): where the state stays
 
     def __init__(self, ledger: Ledger, journal: Journal, say: Callable[[str], None], workspace: Path,
-                 output: Path | None, epochs: Callable[[], int | None], lora: bool,
-                 saved_seen: Callable[[], bool], allowed: Callable[[StateRecord], bool], run_dir: Path) -> None:
+                 output: Path | None, epochs: Callable[[Plan | None], int | None], lora: bool,
+                 saved_seen: Callable[[], bool], allowed: Callable[[StateRecord, Plan | None], bool],
+                 run_dir: Path) -> None:
         super().__init__(ledger, journal, say, self._find, self._check, final=self._final, publish=self._publish)
         self.workspace, self.output, self.epochs, self.lora = workspace, output, epochs, lora
         self.saves = run_dir / "saves"
@@ -90,20 +92,20 @@ class OTStates(StepStates):
         self._cache[path] = (key, verdict)
         return verdict
 
-    def newest(self, nan_step: int | None = None, max_steps: int | None = None,
+    def newest(self, nan_step: int | None = None, max_steps: int | None = None, plan: Plan | None = None,
                accept: Callable[[StateRecord], bool] = lambda _state: True) -> StateRecord | None:
         """The newest safe backup; among two of one step (a resume re-saves it), the later name."""
-        best = super().newest(nan_step, max_steps, accept)
+        best = super().newest(nan_step, max_steps, plan, accept)
         if best is None:
             return None
         same = [s for s in self.ledger.states if s.step == best.step and s.dir not in self.ledger.bad_states
-                and self.resumable(s, max_steps) and not self._check(Path(s.dir))]
+                and self.resumable(s, max_steps, plan) and not self._check(Path(s.dir))]
         return max(same, key=lambda s: Path(s.dir).name, default=best)
 
-    def resumable(self, state: StateRecord, max_steps: int | None) -> bool:
+    def resumable(self, state: StateRecord, max_steps: int | None, plan: Plan | None = None) -> bool:
         parsed = parse_name(Path(state.dir).name)
-        epochs = self.epochs()
-        return (parsed is not None and (epochs is None or parsed.epoch < epochs) and self.allowed(state)
+        epochs = self.epochs(plan)
+        return (parsed is not None and (epochs is None or parsed.epoch < epochs) and self.allowed(state, plan)
                 and Path(state.dir).parent == self.backup_dir)  # OneTrainer resumes from backup/ only
 
     def clear_for_resume(self, resume: Path, run_dir: Path, attempt: int) -> list[str]:
