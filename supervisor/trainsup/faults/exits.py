@@ -29,7 +29,7 @@ class ExitInfo:
 def classify_exit(info: ExitInfo, verdict: Evidence | None) -> str | None:
     """The fault id of a finished attempt, or None for a clean finish.
 
-    A run that exited 0 with the success marker (``model saved.``) has finished, whatever
+    A run that exited 0 with its trainer's success marker (the adapter's) has finished, whatever
     it printed on the way; only a live fault (NaN loss) still counts.  Otherwise the
     trainer's exception and live evidence win; then a SIGKILL of the process or of the
     real child behind accelerate (which exits 1 and only prints the child's fate) means
