@@ -3,8 +3,9 @@
 Adapters are registered under the ``trainsup.trainers`` entry-point group (the built-ins in this
 project's ``pyproject.toml``, others by any installed package): each entry point names an object
 with the ``TrainerFamily`` shape. A project's ``trainer:`` key names one outright (a string), or is a
-mapping for the declarative adapter; otherwise the family whose ``detect`` scores the command
-highest runs it, and the ``command`` family (any command, no trainer knowledge) scores lowest.
+mapping for the declarative adapter; otherwise the family that claims the command most surely runs
+it, on the claim scale of ``base.TrainerFamily``: a family that names the script outranks any
+telltale flags, and the ``command`` family (any command, no trainer knowledge) claims least.
 """
 
 from __future__ import annotations
