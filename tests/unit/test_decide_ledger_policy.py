@@ -5,10 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from trainsup.adapters.kohya.exact import trains_past
+from trainsup.adapters.kohya.exact import label_offset, trains_past
 from trainsup.adapters.kohya.remedies import ladder as kohya_ladder
 from trainsup.faults.remedies import RESTART, Rung
-from trainsup.record.ledger import label_offset
 from trainsup.run.decide import History, Outcome, decide, record
 from trainsup.run.policy import Policy, PolicyError, parse_policy
 from trainsup.sensors.oomkills import killed_for_memory, oom_kills

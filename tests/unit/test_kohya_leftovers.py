@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainsup.adapters.kohya.exact import AttemptSaves
-from trainsup.adapters.kohya.points import Cadence, ResumePoints
+from trainsup.adapters.kohya.points import Cadence, ResumePoints, attempt_notes
 from trainsup.record.journal import Journal, read_events
 from trainsup.record.ledger import AttemptRecord, Ledger
 from trainsup.trainers.base import Launch
@@ -34,7 +34,8 @@ def test_an_earlier_attempts_cut_save_is_set_aside_and_nothing_else_moves(tmp_pa
     for path in kept:
         path.write_text("the user's, or not an attempt's name")
     ledger = Ledger.load(run_dir / "ledger.json")
-    ledger.attempts += [AttemptRecord(1, "tiny", 0, 0, 1.0), AttemptRecord(2, "tiny-trainsup2", 8, 8, 2.0, False)]
+    ledger.attempts += [AttemptRecord(1, "tiny", 0, 0, 1.0), AttemptRecord(2, "tiny-trainsup2", 8, 8, 2.0,
+                                                                                    attempt_notes(False))]
     journal = Journal(run_dir)
     points = ResumePoints(ledger, out, False, journal, lambda _m: None, "tiny", Cadence(20, 5, None), run_dir)
     begin(points, 3, 16, "tiny-trainsup3", skips=False)

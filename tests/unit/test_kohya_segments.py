@@ -12,7 +12,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from trainsup.adapters.kohya.exact import AttemptSaves
-from trainsup.adapters.kohya.points import Cadence, ResumePoints
+from trainsup.adapters.kohya.points import Cadence, ResumePoints, attempt_notes
 from trainsup.adapters.kohya.samples import SampleCadence, SampleShelf, complete_png, parse
 from trainsup.record.journal import Journal, read_events
 from trainsup.record.ledger import AttemptRecord, Ledger
@@ -61,7 +61,7 @@ def points_after_a_kill_at_state_10(tmp_path: Path) -> tuple[ResumePoints, Path,
     points.run_started = points.publisher.run_started = time.time() - 60
     assert points.samples is not None
     points.samples.run_started = points.run_started
-    ledger.attempts.append(AttemptRecord(1, "tiny", 0, 0, points.run_started, True, 8, 1))
+    ledger.attempts.append(AttemptRecord(1, "tiny", 0, 0, points.run_started, attempt_notes(True, 8, 1)))
     points.attempt = 1
     for step in (5, 10):
         save(out, f"tiny-step{step:08d}", step)

@@ -1,17 +1,20 @@
 """Owns the exact step ledger across attempts: which state holds which absolute step.
 
-kohya labels saves after a resume with the wrong step (with ``--skip_until_initial_step`` the global
-step restarts at the position inside the epoch), and its ``train_state.json`` repeats that label.
-The ledger records, per attempt, the output name it wrote under and the offset between its labels
-and absolute steps, so every state maps to its true step. It is persisted atomically in the run dir.
+A trainer may label the saves of a resumed attempt with a step of its own counting (one restarts
+its count at each launch), so the ledger records, per attempt, the name it wrote under and the
+offset between its labels and absolute steps, and every state maps to its true step. How an
+offset is worked out is the adapter's: what it needs to remember of an attempt for that (facts from
+the trainer's start-up output, how it was launched) it keeps in the attempt's ``notes``, which the
+ledger stores and never reads. It is persisted atomically in the run dir.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from .fsutil import atomic_write_text
 
@@ -23,9 +26,17 @@ class AttemptRecord:
     resume_step: int  # absolute step the attempt started from (0 = from scratch)
     offset: int | None  # absolute = label + offset; None until the start-up summary was seen
     started: float | None = None  # time.time() at launch: files older than this are not its own
-    skips: bool = True  # launched with kohya's --skip_until_initial_step (mid-epoch label arithmetic)
-    batches: int | None = None  # batches per epoch, from the start-up summary
-    grad_accum: int | None = None
+    notes: dict[str, Any] = field(default_factory=dict)  # the adapter's own facts of the attempt (plain JSON)
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> AttemptRecord:
+        """An attempt as a ledger file holds it. A ledger written before ``notes`` existed kept the
+        adapter's facts beside the ledger's own fields: any key the ledger does not know is the
+        adapter's, so it goes into ``notes`` (a run dir from an earlier trainsup still resumes)."""
+        own = {f.name for f in fields(cls)} - {"notes"}
+        notes = dict(data.get("notes") or {})
+        notes.update({k: v for k, v in data.items() if k not in own and k != "notes"})
+        return cls(**{k: v for k, v in data.items() if k in own}, notes=notes)
 
 
 @dataclass
@@ -49,7 +60,7 @@ class Ledger:
         empty one; an unreadable ledger is set aside, never overwritten in place."""
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-            return cls(path, [AttemptRecord(**a) for a in data.get("attempts", [])],
+            return cls(path, [AttemptRecord.from_data(a) for a in data.get("attempts", [])],
                        [StateRecord(**s) for s in data.get("states", [])], list(data.get("bad_states", [])))
         except FileNotFoundError:
             return cls(path)
@@ -100,33 +111,8 @@ class Ledger:
         self.bad_states = [str(new) if b == str(old) else b for b in self.bad_states]
         self.save()
 
-    def per_epoch(self) -> int | None:
-        """Optimizer steps per epoch, as the newest attempt's start-up summary said."""
-        for a in reversed(self.attempts):
-            if a.batches:
-                ga = a.grad_accum or 1
-                return math.ceil(a.batches / ga)
-        return None
-
     def mark_bad(self, dir_: Path) -> None:
         if str(dir_) not in self.bad_states:
             self.bad_states.append(str(dir_))
             self.save()
 
-
-def label_offset(resume_step: int, skip_until_initial_step: bool, batches_per_epoch: int,
-                 grad_accum: int = 1) -> int:
-    """absolute - label for an attempt resumed at ``resume_step``, by kohya's own arithmetic.
-
-    With ``--skip_until_initial_step`` kohya skips whole epochs (``initial_step * grad_accum //
-    ceil(batches / grad_accum)`` of them), subtracting ``batches`` per skipped epoch, and starts its
-    global step at what is left. Without it the global step restarts at 0.
-    """
-    if resume_step <= 0:
-        return 0
-    if not skip_until_initial_step:
-        return resume_step
-    initial = resume_step * grad_accum
-    per_epoch = math.ceil(batches_per_epoch / grad_accum)
-    epochs_skipped = initial // per_epoch if per_epoch else 0
-    return resume_step - (initial - epochs_skipped * batches_per_epoch)

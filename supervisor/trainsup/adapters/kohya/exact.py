@@ -37,6 +37,31 @@ def epoch_aligned(step: int, per_epoch: int | None) -> bool:
     return bool(per_epoch) and step > 0 and step % per_epoch == 0  # type: ignore[operator]
 
 
+def steps_per_epoch(batches: int, grad_accum: int = 1) -> int:
+    """Optimizer steps per epoch, from the start-up summary's batches and gradient accumulation."""
+    return math.ceil(batches / (grad_accum or 1))
+
+
+def label_offset(resume_step: int, skip_until_initial_step: bool, batches_per_epoch: int,
+                 grad_accum: int = 1) -> int:
+    """absolute - label for an attempt resumed at ``resume_step``, by sd-scripts' own arithmetic.
+
+    sd-scripts labels the saves of a resumed attempt with a step of its own counting, and its
+    ``train_state.json`` repeats that label. With ``--skip_until_initial_step`` it skips whole epochs
+    (``initial_step * grad_accum // ceil(batches / grad_accum)`` of them), subtracting ``batches``
+    per skipped epoch, and starts its global step at what is left. Without it the global step
+    restarts at 0.
+    """
+    if resume_step <= 0:
+        return 0
+    if not skip_until_initial_step:
+        return resume_step
+    initial = resume_step * grad_accum
+    per_epoch = steps_per_epoch(batches_per_epoch, grad_accum)
+    epochs_skipped = initial // per_epoch if per_epoch else 0
+    return resume_step - (initial - epochs_skipped * batches_per_epoch)
+
+
 def save_steps(after: int, upto: int, every: int | None) -> frozenset[int]:
     """The absolute steps in (after, upto] that a step cadence of ``every`` saves at."""
     if not every or every <= 0:

@@ -19,14 +19,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ...record.journal import Journal
-from ...record.ledger import AttemptRecord, Ledger, StateRecord, label_offset
+from ...record.ledger import AttemptRecord, Ledger, StateRecord
 from ...trainers import accelerate
 from ...trainers.accelerate import check_safetensors
 from ...trainers.base import Launch, Plan
 from ...trainers.ledgerstates import LedgerStates
-from .exact import AttemptSaves, attempt_saves, epoch_aligned, save_steps
+from .exact import AttemptSaves, attempt_saves, epoch_aligned, label_offset, save_steps, steps_per_epoch
 from .identity import outputs_under
 from .profile import final_weights_name, parse_state_name, save_names, state_dir_names
 from .publish import Publisher
@@ -49,6 +50,36 @@ class Cadence:
 def _names(output_name: str | None) -> set[str]:
     step, epoch, final = state_dir_names(output_name)
     return {step, epoch, final[: -len("-state")]}
+
+
+# What this adapter keeps of an attempt in the ledger's notes: whether it was launched with
+# --skip_until_initial_step, and its start-up summary's batches per epoch and gradient accumulation.
+# A ledger written before notes existed held them as fields of these names: the ledger hands such
+# keys to notes, so a run dir from then resumes.
+SKIPS, BATCHES, GRAD_ACCUM = "skips", "batches", "grad_accum"
+
+
+def attempt_notes(skips: bool, batches: int | None = None, grad_accum: int | None = None) -> dict[str, Any]:
+    return {SKIPS: skips, BATCHES: batches, GRAD_ACCUM: grad_accum}
+
+
+def _note_int(rec: AttemptRecord, key: str) -> int | None:
+    value = rec.notes.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def skips(rec: AttemptRecord) -> bool:
+    """Launched with --skip_until_initial_step (a mid-epoch resume: sd-scripts' label arithmetic)."""
+    return bool(rec.notes.get(SKIPS, True))
+
+
+def ledger_per_epoch(ledger: Ledger) -> int | None:
+    """Optimizer steps per epoch, as the newest attempt's start-up summary said."""
+    for a in reversed(ledger.attempts):
+        batches = _note_int(a, BATCHES)
+        if batches:
+            return steps_per_epoch(batches, _note_int(a, GRAD_ACCUM) or 1)
+    return None
 
 
 def _offset(resume_step: int, skips: bool) -> int | None:
@@ -105,7 +136,8 @@ class ResumePoints(LedgerStates):
         """The step saves an attempt launched so must make (the adapter builds its argv from them):
         what an earlier attempt left incomplete is set aside first; the ledger is not written."""
         self._set_aside_leftovers(attempt)
-        return self._plan(AttemptRecord(attempt, output_name, resume_step, _offset(resume_step, skips), None, skips))
+        return self._plan(AttemptRecord(attempt, output_name, resume_step, _offset(resume_step, skips), None,
+                                        attempt_notes(skips)))
 
     def begin(self, attempt: int, launch: Launch) -> None:
         """Enter the attempt in the ledger, as it was planned (``plan_attempt``)."""
@@ -114,9 +146,9 @@ class ResumePoints(LedgerStates):
         self.run_complete, self.final_from = False, None
         self.relaunch_at_state = self.segment_end_saved = False
         # Launched with --skip_until_initial_step unless its labels are known (from 0, or at an epoch's end).
-        skips = launch.resume_step == 0 or launch.label_offset is None
+        skipping = launch.resume_step == 0 or launch.label_offset is None
         rec = AttemptRecord(attempt, launch.output_name, launch.resume_step, launch.label_offset,
-                            round(self.attempt_started, 3), skips)
+                            round(self.attempt_started, 3), attempt_notes(skipping))
         self.ledger.attempts.append(rec)
         self.ledger.save()
         self.saves = self._plan(rec)
@@ -137,11 +169,12 @@ class ResumePoints(LedgerStates):
 
     def _plan(self, rec: AttemptRecord) -> AttemptSaves:
         """The step saves of an attempt, from what the ledger knows of it (or of the one before)."""
-        offset, per_epoch = rec.offset, self.ledger.per_epoch()
+        offset, per_epoch = rec.offset, self.per_epoch()
         if offset is None and per_epoch is not None:
-            prior = next((a for a in reversed(self.ledger.attempts) if a.batches), None)
+            prior = next((a for a in reversed(self.ledger.attempts) if _note_int(a, BATCHES)), None)
             if prior is not None:
-                offset = label_offset(rec.resume_step, True, prior.batches or 0, prior.grad_accum or 1)
+                offset = label_offset(rec.resume_step, True, _note_int(prior, BATCHES) or 0,
+                                      _note_int(prior, GRAD_ACCUM) or 1)
         c = self.cadence
         if offset is None or not c.max_steps:
             return AttemptSaves(0, c.every_steps, frozenset(), None)  # unknown: the user's cadence, as given
@@ -173,12 +206,12 @@ class ResumePoints(LedgerStates):
         """Fix the attempt's label offset from the start-up summary, and with it where its saves land
         and where to stop it (kohya never trains past the last step: trainsup stops it there)."""
         rec = self.ledger.attempt(self.attempt)
-        if not batches_per_epoch or rec.batches is not None:
+        if not batches_per_epoch or rec.notes.get(BATCHES) is not None:
             return
         ga = grad_accum or 1
-        rec.batches, rec.grad_accum = batches_per_epoch, ga
+        rec.notes.update({BATCHES: batches_per_epoch, GRAD_ACCUM: ga})
         if rec.offset is None:
-            rec.offset = label_offset(rec.resume_step, rec.skips, batches_per_epoch, ga)
+            rec.offset = label_offset(rec.resume_step, skips(rec), batches_per_epoch, ga)
         self.ledger.save()
         self.saves = self._plan(rec)
 
@@ -372,7 +405,7 @@ class ResumePoints(LedgerStates):
         return str(want) if want.exists() else None
 
     def per_epoch(self) -> int | None:
-        return self.ledger.per_epoch()
+        return ledger_per_epoch(self.ledger)
 
     def newest(self, nan_step: int | None = None, max_steps: int | None = None, plan: Plan | None = None,
                accept: Callable[[StateRecord], bool] = lambda _state: True) -> StateRecord | None:
