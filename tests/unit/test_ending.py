@@ -14,6 +14,7 @@ import io
 
 import pytest
 
+from trainsup.adapters.kohya.rules import FAMILY_RULES as KOHYA_RULES
 from trainsup.commands.diagnose import build_plan, diagnose_scan, plan_remedy
 from trainsup.faults import logscan, scanner
 from trainsup.faults.dumps import DUMP_RULES
@@ -236,8 +237,6 @@ def test_an_out_of_memory_first_cause_stands_over_the_crash_of_another_rank() ->
     ("Error running job: CUDA out of memory. Tried to allocate 72.00 MiB.", "cuda_oom"),
     ("RuntimeError: No executable batch size found, reached zero.", "cuda_oom"),
     ("RuntimeError: HIP error: out of memory", "cuda_oom"),
-    (("ERROR:musubi_tuner.dataset.config_utils:Error on parsing TOML config file. Please check the format. / TOML "
-     "\\u5f62\\u5f0f\\u306e\\u8a2d\\u5b9a: E:\\lora\\dataset_config.toml"), "config_error"),
     ("RuntimeError: unexpected EOF, expected 3786101 more bytes. The file might be corrupted.", "corrupt_checkpoint"),
     ("RuntimeError: unexpected EOF. The file might be corrupted", "corrupt_checkpoint"),
     ("RuntimeError: Invalid magic number; corrupt file?", "corrupt_checkpoint"),
@@ -246,6 +245,16 @@ def test_an_out_of_memory_first_cause_stands_over_the_crash_of_another_rank() ->
 ])
 def test_trainer_and_library_wording(line: str, expected: str) -> None:
     assert fault([line]) == expected
+
+
+def test_sd_scripts_own_wording_is_its_adapters_rules() -> None:
+    """musubi's and sd-scripts' TOML line is read by kohya's family rules (as ``diagnose`` and a kohya
+    run compose them), not by the built-in table, which knows no trainer's wording."""
+    line = ("ERROR:musubi_tuner.dataset.config_utils:Error on parsing TOML config file. Please check the format. / TOML "
+            "\\u5f62\\u5f0f\\u306e\\u8a2d\\u5b9a: E:\\lora\\dataset_config.toml")
+    found = classify_text([line], KOHYA_RULES + BUILTIN_RULES)
+    assert found is not None and found.fault == "config_error"
+    assert fault([line]) is None
 
 
 def test_a_none_while_text_embeddings_are_precomputed_for_captions_is_no_te_cache_miss() -> None:

@@ -25,6 +25,7 @@ from trainsup.faults.scanner import (
     parse_child_status,
 )
 from trainsup.faults.userrules import compose_rules, load_user_rules
+from trainsup.trainers.registry import family_rules
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 FIXTURES = sorted(LOGS.glob("*.log"))
@@ -79,7 +80,8 @@ def test_every_fault_has_a_fixture() -> None:
 
 @pytest.mark.parametrize("path", FIXTURES, ids=[p.stem for p in FIXTURES])
 def test_fixture_is_classified_as_its_name_says(path: Path) -> None:
-    verdict = classify_text([_read(path)])
+    # With every adapter's own wording before the built-in table, as ``diagnose`` reads a log.
+    verdict = classify_text([_read(path)], family_rules() + BUILTIN_RULES)
     assert (verdict.fault if verdict else None) == _expected(path), verdict
     if path.name.startswith("unknown__"):
         assert classify_exit(ExitInfo(1, None, 1, None, False), verdict) == "unknown"

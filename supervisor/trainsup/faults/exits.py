@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .scanner import Evidence
+    from .verdict import Evidence
 
 STATUS_LINE = re.compile(r"returned non-zero exit status (-?\d+)")
 SIGNAL_LINE = re.compile(r"died with <Signals\.SIG\w+: (\d+)>")

@@ -33,23 +33,8 @@ from .verdict import Evidence
 if TYPE_CHECKING:
     from .rules import FaultRule
 
-__all__ = ["CAPTION_CACHE_FRAMES", "LOADER_FRAMES", "SAMPLING_FRAMES", "CutRule", "FrameJudge", "cut_rules", "framed",
-           "is_launcher", "judge"]
+__all__ = ["CutRule", "FrameJudge", "cut_rules", "framed", "is_launcher", "judge"]
 
-# The trainer's sampling and text-encoding functions (sd-scripts, its Flux/SD3 strategies, fluxgym's and
-# ComfyUI's copies): a None there is a prompt without a cached text-encoder output.
-SAMPLING_FRAMES: tuple[str, ...] = (
-    r"sample", r"prompt", r"get_text_cond", r"text_encod", r"te_outputs", r"get_hidden_states",
-)
-# Code that loads data or models: a None there is a missing image, caption or weight.
-LOADER_FRAMES: tuple[str, ...] = (r"__getitem__", r"(?<![a-z])load_", r"[Dd]ataset", r"[Dd]ata[Ll]oader")
-# Text embeddings computed for the dataset's captions before training (kohya's dataset caching and its
-# strategies, SimpleTuner's embed cache, any "caption" code): a None there is a caption's, however
-# prompt-like the inner frames are named.
-CAPTION_CACHE_FRAMES: tuple[str, ...] = (
-    r"[Cc]aption", r" (?:new_)?cache_text_encoder_outputs$", r" cache_batch_outputs$", r"compute_(?:text_)?embeddings",
-    r"^text_embed_cache\.py ", r"[Pp]recompute",
-)
 _LAUNCHER = re.compile(
     r"^(?:launch\.py (?:\w*_launcher|launch_command)|api\.py (?:launch_agent|_invoke_run)"
     r"|subprocess\.py (?:check_call|check_output|run)|multiprocessing\.py (?:_raise_.*|start_processes))$"

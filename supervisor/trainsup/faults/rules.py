@@ -25,8 +25,6 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from .frames import CAPTION_CACHE_FRAMES, LOADER_FRAMES, SAMPLING_FRAMES
-
 __all__ = [
     "BUILTIN_RULES",
     "FAULT_IDS",
@@ -124,12 +122,28 @@ class FaultRule:
 
 # Lines that are never evidence, whatever they mention: Python warnings (a
 # UserWarning about CUDA or a FutureWarning naming an error class is harmless) and
-# TensorFlow probing for optional CUDA libraries, which kohya_ss venvs often carry.
+# TensorFlow probing for optional CUDA libraries, which training venvs often carry.
 IGNORED_LINE_PATTERNS: tuple[str, ...] = (
     r"\b[A-Z][a-z]+Warning: ",
     r"Could not load dynamic library",
     r"\b[IW] tensorflow/",
     r"CUDA[ _]SETUP",  # old bitsandbytes' start-up diagnostics (training goes on)
+)
+
+# Frame sets of the built-in rules (regexes over ``"<file basename> <function>"``, judged by ``frames``).
+# A trainer's sampling and text-encoding functions (its sample-image code, text-encoding strategies of
+# the Flux/SD3 trainers and their GUI copies): a None there is a prompt without a cached text-encoder output.
+SAMPLING_FRAMES: tuple[str, ...] = (
+    r"sample", r"prompt", r"get_text_cond", r"text_encod", r"te_outputs", r"get_hidden_states",
+)
+# Code that loads data or models: a None there is a missing image, caption or weight.
+LOADER_FRAMES: tuple[str, ...] = (r"__getitem__", r"(?<![a-z])load_", r"[Dd]ataset", r"[Dd]ata[Ll]oader")
+# Text embeddings computed for the dataset's captions before training (a trainer's dataset caching and
+# its strategies, SimpleTuner's embed cache, any "caption" code): a None there is a caption's, however
+# prompt-like the inner frames are named.
+CAPTION_CACHE_FRAMES: tuple[str, ...] = (
+    r"[Cc]aption", r" (?:new_)?cache_text_encoder_outputs$", r" cache_batch_outputs$", r"compute_(?:text_)?embeddings",
+    r"^text_embed_cache\.py ", r"[Pp]recompute",
 )
 
 _ERROR_CLASS = r"(?:AssertionError|ValueError)"
@@ -168,7 +182,7 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
     FaultRule(
         id="fp8_op_unsupported",
         patterns=(r"not implemented for 'Float8_e[45]m\w*'", r"Promotion for Float8 Types is not supported"),
-        explanation="An operation has no float8 kernel on this setup, so --fp8_base cannot be used here.",
+        explanation="An operation has no float8 kernel on this setup, so the model cannot be kept in float8 here.",
     ),
     FaultRule(
         id="meta_tensor",
@@ -291,7 +305,7 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
         id="te_cache_none",
         patterns=(
             r"'NoneType' object has no attribute '(?:to|ndim)'", r"not enough values to unpack \(expected 4, got 0\)",
-            # sampling before the prompts were encoded at all (sd-scripts' Flux/SD3 trainers)
+            # sampling before the prompts were encoded at all (a Flux/SD3 trainer's prompt cache attribute)
             r"has no attribute 'sample_prompts_te_outputs'",
         ),
         # The same AttributeError from a dataset or a model loader is a different bug.
@@ -318,7 +332,7 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
     ),
     FaultRule(
         id="nan_loss",
-        # kohya's bar; any other progress or metrics shape that names a loss is read by ``ending``.
+        # a progress bar's postfix; any other progress or metrics shape that names a loss is read by ``ending``.
         patterns=(r"loss=nan\b",),
         live=True,
         explanation="The training loss became NaN; the trainer keeps going but learns nothing.",
@@ -326,11 +340,7 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
     FaultRule(
         id="flag_conflict",
         patterns=(
-            # sd-scripts' assertions (wording varies a little between scripts and versions)
-            r"AssertionError: when caching .{0,300}?cannot be used", r" caption_tag_dropout_rate cannot be used",
-            r"either color_aug or random_crop cannot be used", r"network for Text Encoder cannot be trained with caching",
-            r"(?:fp8_base|full_fp16|full_bf16) requires mixed precision", r" blocks_to_swap is not supported with",
-            r" fused_backward_pass currently only works with",
+            # The usual wording of a trainer's start-up assertion (a trainer's own: its adapter's rules).
             (_ERROR_CLASS + r": .{0,300}?\b(?:cannot be used|can't be used|cannot be trained|cannot be specified)"
              r" (?:with|together|at the same time)"),
             _ERROR_CLASS + r": .{0,300}?\b(?:is|are) not supported with --?\w",
@@ -355,10 +365,7 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
             r"error: unrecognized arguments:", r"error: argument --?\w", r"error: the following arguments are required",
             r"FileNotFoundError", r"No such file or directory", r"NotADirectoryError", r"IsADirectoryError",
             r"TOMLDecodeError", r"TomlDecodeError", r"Invalid TOML",
-            # sd-scripts' and musubi's own line (its Japanese half may be printed as \\uXXXX escapes)
-            r"Error on parsing TOML config file",
             r"PermissionError", r"Permission denied", r"PermissionDenied", r"Errno 13\b",
-            r"No data found\. Please verify arguments", r" max_train_steps should be greater than initial step",
             # accelerate's load_state on a --resume path that is not a directory.
             r"Tried to find .{0,1000}? but folder does not exist",
             r"error: invalid device ordinal", r"Invalid user config", r"voluptuous\.error\.\w*Invalid",

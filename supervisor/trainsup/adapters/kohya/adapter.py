@@ -51,6 +51,7 @@ from .points import Cadence, ResumePoints
 from .prepare import prepare
 from .profile import script_info
 from .remedies import ladder as kohya_ladder
+from .rules import FAMILY_RULES, RUN_RULES
 from .samples import SampleCadence
 
 # sd-scripts: OUTPUT_DIR/sample/[NAME_]STEP6_II_TIMESTAMP[_SEED].png (epoch samples: eEPOCH6)
@@ -188,6 +189,9 @@ class KohyaRun(TrainerRun):
         assert isinstance(plan, LaunchPlan)
         return apply_action(plan, action)
 
+    def rules(self) -> tuple[FaultRule, ...]:
+        return RUN_RULES
+
     def upgrade_spec(self, action: Action, evidence: str | None) -> str:
         return upgrade_spec(action, evidence)
 
@@ -228,7 +232,7 @@ class KohyaFamily:
         return KohyaOutput()
 
     def rules(self) -> tuple[FaultRule, ...]:
-        return ()  # the built-in table is this trainer's wording
+        return FAMILY_RULES
 
     def detect(self, argv: Sequence[str]) -> int:
         try:
