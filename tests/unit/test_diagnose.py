@@ -8,7 +8,8 @@ from pathlib import Path
 
 from trainsup.commands.diagnose import build_plan, command_text, diagnose_scan, format_text, plan_remedy
 from trainsup.faults import logscan
-from trainsup.trainers.registry import known_output
+from trainsup.faults.rules import BUILTIN_RULES
+from trainsup.trainers.registry import family_rules, known_output
 
 # A log of any trainer is read as ``diagnose`` reads it: with every adapter's output format (its
 # progress lines drop evidence training outlived; its success line).
@@ -127,3 +128,18 @@ def test_a_kohya_command_in_the_log_still_gets_kohyas_remedy() -> None:
     log = b"Running command: accelerate launch train_network.py --cache_latents --output_dir o\n" + MISMATCH
     d = diagnose_scan("x.log", scan_log(io.BytesIO(log)))
     assert d.fault == "device_mismatch" and d.remedy == ["remove --cache_latents"]
+
+
+def test_a_kohya_log_without_its_command_line_gets_kohyas_remedy() -> None:
+    """No command line in the log, but kohya's own output (its ``steps:`` bar) or wording (an
+    sd-scripts assertion): kohya's ladder, not the neutral one; a plain script's log stays neutral."""
+    bar = b"steps:  10%|\xe2\x96\x88         | 2/20 [00:04<00:36,  2.01s/it, avr_loss=0.104]\n"
+    d = diagnose_scan("x.log", scan_log(io.BytesIO(bar + MISMATCH)))
+    assert d.fault == "device_mismatch" and d.remedy[0].startswith("remove --cache_latents"), d.remedy
+    plain = diagnose_scan("x.log", scan_log(io.BytesIO(MISMATCH)))
+    assert plain.remedy[0].startswith("stop: ") and plain.remedy != d.remedy
+    rules = family_rules() + BUILTIN_RULES
+    caching = b"AssertionError: when caching latents, either color_aug or random_crop cannot be used\n"
+    by_rule = diagnose_scan("x.log", scan_log(io.BytesIO(caching), rules), rules)
+    assert by_rule.fault == "flag_conflict" and by_rule.remedy[0].startswith("remove --cache_latents"), by_rule.remedy
+    assert plan_remedy("flag_conflict", None).changes[0].startswith("stop: ")  # the neutral ladder

@@ -4,7 +4,10 @@ Each log is read by ``logscan`` with the live supervisor's scanner and rule tabl
 user rules first).  The diagnosis names the fault class, the evidence line and its number, the
 rule's explanation, the remedy ``trainsup run`` would apply (the first rung of the trainer's ladder
 that changes this command, chosen as the engine chooses it; with no command known, the first rung of
-the trainer-neutral ``remedies.DEFAULT``, which names no trainer's flags) and, when the trainer's
+the ladder of the family whose own wording or output the log is (``recognised_family``: one of its
+rules read the evidence, or its output format alone read lines of the log) when that family has a
+ladder that needs no command, else of the trainer-neutral ``remedies.DEFAULT``, which names no
+trainer's flags) and, when the trainer's
 command is known (from the log, or ``--command``), the corrected command line.  The log is read
 with every known adapter's output format (``registry.known_output``): any trainer's progress drops
 the evidence training outlived, and any trainer's success line says the run finished.
@@ -26,7 +29,7 @@ import json
 import re
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -34,17 +37,19 @@ from typing import Any, TextIO
 from ..faults.classes import fault_class, not_restartable
 from ..faults.dumps import DUMP_RULES
 from ..faults.ending import UNKNOWN_WHY
-from ..faults.linetext import strip_ansi
+from ..faults.linetext import clean_line, strip_ansi
 from ..faults.logscan import LogScan, scan_file, scan_log
+from ..faults.progress import format_name
 from ..faults.remedies import Action, Rung, required_spec, stop, upgrade_spec
 from ..faults.remedies import ladder as builtin_ladder
 from ..faults.rules import BUILTIN_RULES, FaultRule
 from ..faults.userrules import compose_rules
+from ..faults.verdict import Evidence
 from ..record.journal import read_events
 from ..run.decide import select_rung, stops_at_once
-from ..trainers.base import Plan, Setup, TrainerRun, rung_applies
+from ..trainers.base import Plan, Setup, TrainerFamily, TrainerRun, rung_applies
 from ..trainers.interpreter import upgrade_command
-from ..trainers.registry import family_rules, known_output, open_run
+from ..trainers.registry import families, family_rules, known_output, open_run
 
 _ATTEMPT_LOG = re.compile(r"^attempt-(\d+)\.log$")
 
@@ -110,18 +115,45 @@ def _pip(action: Action, known: Known | None, evidence: str | None) -> tuple[str
     return spec, " ".join(upgrade_command(python or "<trainer's python>", shlex.quote(spec)))
 
 
+Ladder = Callable[[str], tuple[Rung, ...]]
+
+
+def recognised_family(scan: LogScan, evidence: Evidence | None) -> TrainerFamily | None:
+    """The family whose log this is, when the log says: one of the family's own rules reads the
+    evidence line, else its output format is the only one that read lines of the log (progress,
+    success). None: no family's, or several formats (a log of two trainers)."""
+    known = families()
+    if evidence is not None:
+        rows = [clean_line(row) for row in evidence.line.split("\n")]
+        for family in known.values():
+            for rule in family.rules():
+                if rule.id == evidence.fault and any(re.search(p, row) for p in rule.patterns for row in rows):
+                    return family
+    by_format = [f for f in known.values() if format_name(f.output()) in scan.recognised]
+    return by_format[0] if len(by_format) == 1 else None
+
+
+def family_ladder(family: TrainerFamily | None) -> Ladder | None:
+    """A family's ladder for a log without its command (``TrainerFamily``'s optional ``ladder``:
+    only a family whose ladder needs no command has one)."""
+    ladder: Ladder | None = getattr(family, "ladder", None)
+    return ladder if callable(ladder) else None
+
+
 def plan_remedy(fault: str, plan: Known | None, evidence: str | None = None,
                 apply_to: Known | None = None, allow_upgrade: bool = True,
-                fatal: frozenset[str] = not_restartable()) -> Remedy:
+                fatal: frozenset[str] = not_restartable(), family: Ladder | None = None) -> Remedy:
     """The remedy trainsup run would apply after this fault on a first attempt.
 
     ``plan`` decides which rung applies (without one, the first); the rung is then applied to
     ``apply_to`` (default: ``plan``) for the corrected command.  Without ``allow_upgrade``
     (the policy's ``environment.allow_upgrade``) an upgrade rung stops, printing the command.
+    With no command known, ``family`` is the ladder of the trainer the log was recognised as
+    (``recognised_family``); else the trainer-neutral one.
     """
     rung: Rung | None
     known = plan or apply_to
-    ladder = known.trainer.ladder if known is not None else builtin_ladder
+    ladder = known.trainer.ladder if known is not None else family or builtin_ladder
     if fault in fatal:
         rung = ladder(fault)[0] if not fault_class(fault).restartable else stop("its rule says a restart cannot fix it")
     else:
@@ -271,8 +303,9 @@ def diagnose_scan(name: str, scan: LogScan, rules: Sequence[FaultRule] = BUILTIN
         diagnosis.notes.extend(plan.trainer.notes)
         remedy = plan_remedy(diagnosis.fault, None, diagnosis.evidence, plan, allow_upgrade, stops_at_once(rules))
     else:
+        family = family_ladder(recognised_family(scan, verdict)) if plan is None else None
         remedy = plan_remedy(diagnosis.fault, plan, diagnosis.evidence, allow_upgrade=allow_upgrade,
-                             fatal=stops_at_once(rules))
+                             fatal=stops_at_once(rules), family=family)
     diagnosis.remedy = remedy.changes
     if plan is not None and remedy.plan is not None:
         diagnosis.command = command_text(remedy.plan)

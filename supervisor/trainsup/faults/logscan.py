@@ -44,7 +44,7 @@ from multiprocessing.connection import Connection
 from typing import BinaryIO
 
 from .linetext import clean_line
-from .progress import ProgressFormat, hints_of
+from .progress import AnyProgress, ProgressFormat, hints_of
 from .rules import BUILTIN_RULES, FaultRule
 from .scanner import Evidence, FaultScanner
 from .splitter import DEFAULT_MAX_LINE, LineSplitter
@@ -139,6 +139,7 @@ class LogScan:
     success: bool  # the trainer's success marker with no failure after it
     command: list[str] | None  # the trainer's command line, when the log shows it
     last_lines: tuple[tuple[str, int], ...] = ()  # the last lines that were not bars, (line, lineno)
+    recognised: frozenset[str] = frozenset()  # the formats (``progress.format_name``) that read a line of it
 
 
 def _chunks(fh: BinaryIO, chunk_size: int) -> Iterator[bytes]:
@@ -273,11 +274,23 @@ class _Signs:
     last_progress: int = 0
     last_success: int = 0
     command: list[str] | None = None
+    recognised: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, selector: _Selector) -> _Signs:
         return cls(selector.lineno, selector.last_traceback, selector.last_progress, selector.last_success,
-                   selector.finder.command)
+                   selector.finder.command, _recognised(selector.progress))
+
+
+def _recognised(progress: ProgressFormat | None) -> frozenset[str]:
+    """The formats of several that recognised a line so far (one trainer's format: none to tell)."""
+    return frozenset(progress.recognised) if isinstance(progress, AnyProgress) else frozenset()
+
+
+def _fresh(progress: ProgressFormat | None) -> None:
+    """A log's scan starts with nothing recognised (``diagnose`` reads several with one ``AnyProgress``)."""
+    if isinstance(progress, AnyProgress):
+        progress.recognised.clear()
 
 
 class _Verdict:
@@ -285,6 +298,7 @@ class _Verdict:
 
     def __init__(self, rules: Sequence[FaultRule], progress: ProgressFormat | None = None) -> None:
         self.scanner = FaultScanner(rules, progress)
+        self.progress = progress
 
     def feed(self, lines: list[tuple[int, str]]) -> None:
         feed, note_bar = self.scanner.feed, self.scanner.note_bar
@@ -303,12 +317,13 @@ class _Verdict:
         failed = (launcher_failed or signs.last_traceback > max(signs.last_progress, signs.last_success)
                   or (verdict is not None and verdict.strength == "root" and verdict.lineno > signs.last_success))
         return LogScan(verdict, signs.lineno, failed, signs.last_success > 0 and not failed, signs.command,
-                       self.scanner.last_lines)
+                       self.scanner.last_lines, signs.recognised | _recognised(self.progress))
 
 
 def scan_log(fh: BinaryIO, rules: Sequence[FaultRule] = BUILTIN_RULES,
              chunk_size: int = CHUNK_SIZE, progress: ProgressFormat | None = None) -> LogScan:
     """Classify one log with the live scanner; see the module doc for what is read."""
+    _fresh(progress)
     verdict = _Verdict(rules, progress)
     selector = _Selector(DEFAULT_MAX_LINE, progress)
     for batch in _batches(fh, DEFAULT_MAX_LINE, chunk_size):
@@ -337,6 +352,7 @@ def scan_file(path: str, rules: Sequence[FaultRule] = BUILTIN_RULES, chunk_size:
             return scan_log(fh, rules, chunk_size, progress)
     with open(path, "rb"):
         pass  # fail here, in this process, when it cannot be opened
+    _fresh(progress)
     ctx = multiprocessing.get_context()
     receive, send = ctx.Pipe(duplex=False)
     reader = ctx.Process(target=_select_file, args=(path, send, chunk_size, progress), daemon=True,
@@ -356,8 +372,8 @@ def scan_file(path: str, rules: Sequence[FaultRule] = BUILTIN_RULES, chunk_size:
             elif kind == "command":
                 signs.command = payload
             elif kind == "end":
-                lineno, last_traceback, last_progress, last_success = payload
-                signs = _Signs(lineno, last_traceback, last_progress, last_success, signs.command)
+                lineno, last_traceback, last_progress, last_success, recognised = payload
+                signs = _Signs(lineno, last_traceback, last_progress, last_success, signs.command, recognised)
                 break
             else:
                 raise OSError(payload)
@@ -383,7 +399,7 @@ def _select_file(path: str, send: Connection, chunk_size: int, progress: Progres
                 send.send(("lines", lines))
             send.send(("lines", selector.finish()))
         send.send(("end", (selector.lineno, selector.last_traceback, selector.last_progress,
-                           selector.last_success)))
+                           selector.last_success, _recognised(selector.progress))))
     except OSError as exc:
         with contextlib.suppress(OSError):
             send.send(("error", f"{path}: {exc.strerror or exc}"))

@@ -3,7 +3,9 @@ lines: a ``ProgressFormat`` (any adapter's ``OutputFormat`` is one) that the sca
 line shows training going on, so evidence that training outlived is dropped for every trainer.
 
 ``AnyProgress`` reads a log whose trainer is not known (``diagnose``): the first of several formats
-whose hint the line holds and that parses it.
+whose hint the line holds and that parses it. It notes which formats recognised a line of the log
+(``recognised``: their progress, a plain redraw or their success line), so ``diagnose`` can tell
+whose output the log is.
 """
 
 from __future__ import annotations
@@ -47,18 +49,35 @@ class AnyProgress:
     def __init__(self, formats: Sequence[ProgressFormat]) -> None:
         self.formats = tuple(f for f in formats if f.progress_hint)
         self.hints = tuple(dict.fromkeys(f.progress_hint for f in self.formats if f.progress_hint))
+        self.recognised: set[str] = set()  # format_name of each format that recognised a line
 
     def progress(self, line: str) -> Progress | None:
         for f in self.formats:
             if f.progress_hint and f.progress_hint in line and (found := f.progress(line)) is not None:
+                self.recognised.add(format_name(f))
                 return found
         return None
 
     def is_plain_redraw(self, line: str) -> bool:
-        return any(f.progress_hint and f.progress_hint in line and f.is_plain_redraw(line) for f in self.formats)
+        for f in self.formats:
+            if f.progress_hint and f.progress_hint in line and f.is_plain_redraw(line):
+                self.recognised.add(format_name(f))
+                return True
+        return False
 
     def is_success(self, line: str) -> bool:
-        return any(f.is_success(line) for f in self.formats)
+        for f in self.formats:
+            if f.is_success(line):
+                self.recognised.add(format_name(f))
+                return True
+        return False
+
+
+def format_name(fmt: object) -> str:
+    """A format's name across processes (its class, module-qualified): the parallel log reader
+    recognises lines in a process of its own."""
+    cls = type(fmt)
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def hints_of(fmt: ProgressFormat | None) -> tuple[str, ...]:

@@ -449,6 +449,10 @@ class TrainerFamily(Protocol):
     other families take too (``--pretrained_model_name_or_path``: every diffusers script) is no
     telltale. ``ANY_COMMAND`` is the ``command`` family's. Among equal claims the registry takes the
     family whose name sorts last, so claims should not tie: a family names only its own scripts.
+
+    Optional: ``ladder(fault) -> tuple[Rung, ...]``, for a family whose remedy ladder needs no
+    command: ``diagnose`` proposes it for a log without a command line that it read as the family's
+    (its rules read the evidence, or its output format the log's lines).
     """
 
     name: str

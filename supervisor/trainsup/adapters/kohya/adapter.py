@@ -234,6 +234,10 @@ class KohyaFamily:
     def rules(self) -> tuple[FaultRule, ...]:
         return FAMILY_RULES
 
+    def ladder(self, fault: str) -> tuple[Rung, ...]:
+        """The ladder needs no command: ``diagnose`` proposes it for a log read as this trainer's."""
+        return kohya_ladder(fault)
+
     def detect(self, argv: Sequence[str]) -> int:
         try:
             at = find_script(list(argv))
