@@ -66,12 +66,12 @@ _SOURCE_COLUMN = re.compile(r"[\w.-]+\.py:\d+")
 # First characters a decorated line can start with; anything else skips the regex.
 _PREFIX_FIRST = frozenset("[0123456789 \t|DIWECF>(")
 
-# sd-scripts' own format (rich, datefmt "%Y-%m-%d %H:%M:%S"): a 19-character time or
-# 19 blanks (rich blanks a repeated time), a space, then the level padded to 8 and a
-# space.  It starts nearly every log record, so it gets a path without regexes.
+# rich's log layout (datefmt "%Y-%m-%d %H:%M:%S", as trainers that log through rich set it):
+# a 19-character time or 19 blanks (rich blanks a repeated time), a space, then the level
+# padded to 8 and a space.  It starts nearly every log record, so it gets a path without regexes.
 _RICH_LEVELS = frozenset({"DEBUG    ", "INFO     ", "WARNING  ", "ERROR    ", "CRITICAL "})
 
-# The end of a tqdm bar: "| 12/100 [00:01<00:09, 1.2it/s, avr_loss=0.1]".  The total
+# The end of a tqdm bar: "| 12/100 [00:01<00:09, 1.2it/s, loss=0.1]".  The total
 # may be "?" and counts may carry k/M/G suffixes.
 _BAR_END = re.compile(r"\|\s*[\d.]+[kMG]?(?:/[\d.?]+[kMG]?)?(?:it)?\s*\[[^\]\n]*\]")
 
@@ -196,7 +196,7 @@ def starts_record(raw: str) -> bool:
 
     A record's continuation rows leave the time and level columns blank, so a row
     with a level cannot continue the message of the rows before it.  Cheap by
-    design: it looks at sd-scripts' own layout only and says False for anything
+    design: it looks at that rich layout only and says False for anything
     else (other layouts, or ANSI-coloured rows), which only means "may continue".
     """
     return raw[20:29] in _RICH_LEVELS
