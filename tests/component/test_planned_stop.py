@@ -5,18 +5,17 @@ for a change uses it, and a child that closes its pipes but never exits (OneTrai
 
 from __future__ import annotations
 
-import queue
 import signal
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from trainsup.faults.rules import BUILTIN_RULES
 from trainsup.faults.scanner import FaultScanner
 from trainsup.run import process
-from trainsup.run.attempt import AttemptHooks, run_attempt
+from trainsup.run.attempt import AttemptSpec, run_attempt
+from trainsup.run.events import Event, EventQueue, StopForChange, StopRequested, new_queue
 
 SAVES_ON_SIGINT = """
 import os, signal, sys, time
@@ -53,9 +52,8 @@ def child(tmp: Path, script: str, *args: str) -> process.Child:
     return c
 
 
-def stop_once_ready(log: Path, events: queue.Queue[tuple[str, Any]], event: tuple[str, Any]) -> AttemptHooks:
-    """Put ``event`` on the attempt's queue once the child has said ``ready`` (from a thread), and the
-    hooks of an attempt that expects nothing else."""
+def stop_once_ready(log: Path, events: EventQueue, event: Event) -> None:
+    """Put ``event`` on the attempt's queue once the child has said ``ready`` (from a thread)."""
 
     def when_ready() -> None:
         deadline = time.monotonic() + 20
@@ -66,12 +64,6 @@ def stop_once_ready(log: Path, events: queue.Queue[tuple[str, Any]], event: tupl
             time.sleep(0.01)
 
     threading.Thread(target=when_ready, daemon=True).start()
-
-    def never(*_a: Any) -> Any:
-        raise AssertionError("not expected")
-
-    return AttemptHooks(lambda *_a: None, lambda _p: None, lambda _e: None, lambda _o: None, lambda _c: None,
-                        lambda _f: False, lambda: False, never)
 
 
 def test_stop_tree_sends_the_planned_signal(tmp_path: Path) -> None:
@@ -93,13 +85,14 @@ def test_an_attempt_stopped_for_a_change_uses_the_planned_signal(tmp_path: Path)
     marker = tmp_path / "marker"
     script = tmp_path / "child.py"
     script.write_text(SAVES_ON_SIGINT)
-    events: queue.Queue[tuple[str, Any]] = queue.Queue()
+    events = new_queue()
     log = tmp_path / "attempt.log"
 
-    hooks = stop_once_ready(log, events, ("stop_for_change", None))  # the engine's "stop at this checkpoint"
+    stop_once_ready(log, events, StopForChange())  # the engine's "stop at this checkpoint"
     started = time.monotonic()
-    result = run_attempt([sys.executable, str(script), str(marker)], {}, tmp_path, log, FaultScanner(BUILTIN_RULES),
-                         events, hooks, 10, 2, False, planned_signal=signal.SIGINT)
+    spec = AttemptSpec(argv=[sys.executable, str(script), str(marker)], env={}, cwd=tmp_path, log_path=log,
+                       grace_s=10, pump_wait_s=2, echo=False, planned_signal=signal.SIGINT)
+    result = run_attempt(spec, FaultScanner(BUILTIN_RULES), events)
     assert result.stopped_for_change and result.fault is None
     assert marker.read_text() == "backed up" and result.exit_code == 0
     assert time.monotonic() - started < 10
@@ -110,11 +103,12 @@ def test_a_stop_request_sends_the_trainer_the_signal_it_names(tmp_path: Path) ->
     marker = tmp_path / "marker"
     script = tmp_path / "child.py"
     script.write_text(SAVES_ON_SIGINT)
-    events: queue.Queue[tuple[str, Any]] = queue.Queue()
+    events = new_queue()
     log = tmp_path / "attempt.log"
 
-    hooks = stop_once_ready(log, events, ("signal", (signal.SIGUSR1, signal.SIGINT)))
-    result = run_attempt([sys.executable, str(script), str(marker)], {}, tmp_path, log, FaultScanner(BUILTIN_RULES),
-                         events, hooks, 10, 2, False)
+    stop_once_ready(log, events, StopRequested(signal.SIGUSR1, signal.SIGINT))
+    spec = AttemptSpec(argv=[sys.executable, str(script), str(marker)], env={}, cwd=tmp_path, log_path=log,
+                       grace_s=10, pump_wait_s=2, echo=False)
+    result = run_attempt(spec, FaultScanner(BUILTIN_RULES), events)
     assert result.stop_signal == signal.SIGUSR1 and result.fault is None
     assert marker.read_text() == "backed up" and result.exit_code == 0

@@ -97,7 +97,8 @@ def test_trainsups_line_never_runs_onto_the_trainers(tmp_path: Path) -> None:
 
 
 def result(fault: str | None, exit_code: int | None = 1, sig: int | None = None) -> AttemptResult:
-    return AttemptResult(exit_code, sig, Observations(), fault, None, 3.0, None, None)
+    return AttemptResult(exit_code=exit_code, signal=sig, obs=Observations(), fault=fault, evidence=None, uptime_s=3.0,
+                         stop_signal=None, nan_progress_step=None)
 
 
 def test_sentences_say_the_facts_and_never_none(tmp_path: Path) -> None:

@@ -118,9 +118,9 @@ def test_the_save_not_coming_in_time_stops_at_the_latest_moment(tmp_path: Path) 
 
 def test_conclude_leaves_other_ends_alone_and_outside_slurm_never_requeues(tmp_path: Path) -> None:
     d, _clock, journal = make(tmp_path)
-    term = Decision("signal", 143, "stopped by SIGTERM")
+    term = Decision(kind="signal", exit_code=143, reason="stopped by SIGTERM")
     assert d.conclude(term, signal.SIGTERM, journal, Points(8), print) is term  # type: ignore[arg-type]
-    usr1 = Decision("signal", 138, "stopped by SIGUSR1")
+    usr1 = Decision(kind="signal", exit_code=138, reason="stopped by SIGUSR1")
     end = d.conclude(usr1, signal.SIGUSR1, journal, Points(8), print)  # type: ignore[arg-type]
     assert (end.kind, end.exit_code) == ("signal", 138) and "not in a Slurm job" in end.reason
     d, _clock, journal = make(tmp_path, exit_code_after_requeue=75)
@@ -138,7 +138,7 @@ def fake_scontrol(tmp_path: Path, rc: int) -> Path:
 
 def test_requeue_and_its_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", f"{fake_scontrol(tmp_path, 0)}{os.pathsep}{os.environ['PATH']}")
-    usr1 = Decision("signal", 138, "stopped by SIGUSR1")
+    usr1 = Decision(kind="signal", exit_code=138, reason="stopped by SIGUSR1")
     ends = []
     for step in (4, 4, 8, 8, 8):  # budget 2: two requeues without progress, then no more
         d, _clock, journal = make(tmp_path, {"SLURM_JOB_ID": "7"}, requeue_budget=2)
@@ -155,7 +155,7 @@ def test_a_failed_requeue_is_said_and_the_stop_keeps_its_code(tmp_path: Path,
     monkeypatch.setenv("PATH", f"{fake_scontrol(tmp_path, 1)}{os.pathsep}{os.environ['PATH']}")
     d, _clock, journal = make(tmp_path, {"SLURM_JOB_ID": "7"})
     said: list[str] = []
-    end = d.conclude(Decision("signal", 138, ""), signal.SIGUSR1, journal, Points(None), said.append)  # type: ignore[arg-type]
+    end = d.conclude(Decision(kind="signal", exit_code=138), signal.SIGUSR1, journal, Points(None), said.append)  # type: ignore[arg-type]
     assert end.exit_code == 138 and "scontrol requeue 7 failed: exit 1: scontrol: error: nope" in end.reason
     assert said == ["error: scontrol requeue 7 failed: exit 1: scontrol: error: nope"]
 

@@ -15,7 +15,9 @@ from trainsup.sensors.oomkills import killed_for_memory, oom_kills
 
 def outcome(fault: str | None, uptime: float = 100.0, steps: int = 5, new_state: bool = False,
             attempt: int = 1) -> Outcome:
-    return Outcome(attempt, 1, None, None, None, uptime, fault, "evidence", 3, steps, new_state, 0.0)
+    return Outcome(attempt=attempt, exit_code=1, signal=None, child_status=None, child_signal=None, uptime_s=uptime,
+                   fault=fault, evidence="evidence", evidence_line=3, steps_trained=steps, saved_new_state=new_state,
+                   ended_at=0.0)
 
 
 def always(_: Rung) -> bool:

@@ -18,6 +18,7 @@ from tests.fakenvml import GIB, MIB, FakeNvml, Proc
 from trainsup.faults.remedies import WAIT_FOREIGN
 from trainsup.record.journal import Journal, read_events
 from trainsup.run.decide import History, Outcome, decide, record
+from trainsup.run.events import GpuSampled, new_queue
 from trainsup.run.gpuguard import GpuGuard
 from trainsup.run.policy import Policy, PolicyError, parse_policy
 from trainsup.run.process import Child
@@ -82,14 +83,14 @@ def test_the_sampler_reports_readings_keeps_peaks_and_remembers_the_trees_pids(t
         gib = next(used)
         return [{"name": "A", "used": gib * GIB, "compute": [Proc(grandchild, (gib - 1) * GIB)]}]
 
-    events: queue.Queue[tuple[str, Any]] = queue.Queue()
-    sampler = GpuSampler(gpu.probe(FakeNvml(table)), lambda d: d, proc.pid, events, 0.05)
+    events: queue.Queue[list[Any]] = queue.Queue()
+    sampler = GpuSampler(gpu.probe(FakeNvml(table)), lambda d: d, proc.pid, events.put, 0.05)
     sampler.start()
     readings = [events.get(timeout=5) for _ in range(3)]
     sampler.stop()
     assert not sampler.is_alive()
-    assert [kind for kind, _ in readings] == ["gpu"] * 3
-    assert [r[0].used_mib for _, r in readings] == [2048, 6144, 4096]
+    assert [type(r) for r in readings] == [list] * 3  # a reading: one sample per device
+    assert [r[0].used_mib for r in readings] == [2048, 6144, 4096]
     assert sampler.peaks.report() == [{"index": 0, "peak_used_mib": 6144, "peak_trainer_mib": 5120,
                                        "total_mib": 81920}]
     assert sampler.held_by_tree == {grandchild}
@@ -125,9 +126,9 @@ def _events(tmp_path: Path, name: str) -> list[dict[str, Any]]:
 
 def _run_attempt(guard: GpuGuard, proc: subprocess.Popen[str]) -> None:
     """One attempt's worth of sampling: attach the sampler thread to the tree, take a reading, end."""
-    events: queue.Queue[tuple[str, Any]] = queue.Queue()
+    events = new_queue()
     guard.attach(Child(proc, 0.0), events)  # type: ignore[arg-type]
-    assert events.get(timeout=5)[0] == "gpu"
+    assert isinstance(events.get(timeout=5), GpuSampled)
     assert guard.attempt_ended() is not None
 
 
@@ -136,7 +137,7 @@ def test_without_a_driver_the_guard_is_inert_and_says_so_once(tmp_path: Path) ->
     said: list[str] = []
     guard = GpuGuard(gpu.probe(), None, GpuPolicy(), journal, said.append, time.monotonic, lambda _s: False)
     child = Child(subprocess.Popen(["true"]), 0.0)
-    assert guard.attach(child, queue.Queue()) is child and guard.sampler is None  # no thread
+    assert guard.attach(child, new_queue()) is child and guard.sampler is None  # no thread
     child.popen.wait()
     assert guard.attempt_ended() is None and guard.before_launch(2) is False
     assert json.loads((tmp_path / "status.json").read_text())["gpu"] is None
@@ -238,8 +239,9 @@ def test_an_oom_carries_peak_total_and_foreign_share(tmp_path: Path, trainer: An
 
 
 def _oom(attempt: int, foreign_mib: int) -> Outcome:
-    return Outcome(attempt, 1, None, None, None, 30.0, "cuda_oom", "CUDA out of memory", 10, 3, False,
-                   float(attempt), None, foreign_mib)
+    return Outcome(attempt=attempt, exit_code=1, signal=None, child_status=None, child_signal=None, uptime_s=30.0,
+                   fault="cuda_oom", evidence="CUDA out of memory", evidence_line=10, steps_trained=3,
+                   saved_new_state=False, ended_at=float(attempt), stop_signal=None, foreign_mib=foreign_mib)
 
 
 def test_an_oom_while_others_held_memory_waits_for_them_once_before_changing_flags() -> None:
@@ -269,9 +271,9 @@ def test_a_hangs_evidence_names_the_gpus_utilisation_while_the_attempt_runs(tmp_
     t, said = FakeTime(), []
     guard, _ = _guard(tmp_path, lambda: [{"name": "A", "used": GIB, "util": 0, "compute": []},
                                          {"name": "B", "used": GIB, "compute": []}], t, said)
-    events: queue.Queue[tuple[str, Any]] = queue.Queue()
+    events = new_queue()
     guard.attach(Child(proc, 0.0), events)  # type: ignore[arg-type]
-    assert events.get(timeout=5)[0] == "gpu"
+    assert isinstance(events.get(timeout=5), GpuSampled)
     assert guard.utilization() == "GPU 0 at 0%"  # GPU 1 does not say: left out, not 0
     text = hang_evidence(400, HangClock(HangPolicy(), 0.0), 12, ["pid 7 wait (threading.py:320)"], False,
                          guard.utilization())

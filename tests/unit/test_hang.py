@@ -79,7 +79,9 @@ def test_a_hang_that_recurs_at_the_same_spot_stops_at_once() -> None:
     history = History()
 
     def outcome(n: int, evidence: str) -> Outcome:
-        return Outcome(n, None, 9, None, None, 500.0, "hang", evidence, None, 10, True, float(n))
+        return Outcome(attempt=n, exit_code=None, signal=9, child_status=None, child_signal=None, uptime_s=500.0,
+                       fault="hang", evidence=evidence, evidence_line=None, steps_trained=10, saved_new_state=True,
+                       ended_at=float(n))
 
     first = decide(history, outcome(1, text), parse_policy("", "p"), 10, lambda rung: True)
     assert first.kind == "restart"
@@ -98,14 +100,13 @@ def test_hang_policy_keys_are_validated() -> None:
 
 
 def test_the_output_parser_notes_progress_besides_the_steps_bar_and_nothing_else() -> None:
-    import queue
-
     from trainsup.adapters.kohya.output import KohyaOutput
     from trainsup.faults.scanner import FaultScanner
+    from trainsup.run.events import PhaseEntered, new_queue
     from trainsup.run.observe import OutputParser
 
     now = [0.0]
-    events: queue.Queue[tuple[str, object]] = queue.Queue()
+    events = new_queue()
     parser = OutputParser(events, FaultScanner(), clock=lambda: now[0], fmt=KohyaOutput())
 
     def feed(text: str, at: float) -> None:
@@ -120,7 +121,7 @@ def test_the_output_parser_notes_progress_besides_the_steps_bar_and_nothing_else
     assert parser.activity_at == 61
     feed("2024-08-01 12:00:00 INFO     generating sample images at step / サンプル画像生成 ステップ: 10\n", 62)
     posted = [events.get() for _ in range(events.qsize())]
-    assert ("phase", ("sampling", "generating sample images at step / サンプル画像生成 ステップ: 10")) in posted
+    assert PhaseEntered("sampling", "generating sample images at step / サンプル画像生成 ステップ: 10") in posted
     feed("INFO     prompt: a red fox\n", 70)  # a line of the sampling pass: it is at work
     assert parser.activity_at == 70
     feed(bar.format(n=11) + "\n", 80)  # a new step: the phase is over
@@ -129,18 +130,17 @@ def test_the_output_parser_notes_progress_besides_the_steps_bar_and_nothing_else
 
 
 def test_a_completed_state_ends_the_saving_phase() -> None:
-    import queue
-
     from trainsup.adapters.kohya.output import KohyaOutput
     from trainsup.faults.scanner import FaultScanner
+    from trainsup.run.events import PhaseEntered, new_queue
     from trainsup.run.observe import OutputParser
 
-    events: queue.Queue[tuple[str, object]] = queue.Queue()
+    events = new_queue()
     parser = OutputParser(events, FaultScanner(), clock=lambda: 5.0, fmt=KohyaOutput())
     parser.feed("stdout", b"saving checkpoint: /out/tiny-step00000010.safetensors\n"
                           b"INFO     saving state at step 10\n"
                           b"INFO     Random states saved in /out/tiny-step00000010-state/random_states_0.pkl\n")
-    phases = [v[0] for k, v in (events.get() for _ in range(events.qsize())) if k == "phase"]
+    phases = [e.phase for e in (events.get() for _ in range(events.qsize())) if isinstance(e, PhaseEntered)]
     assert phases == ["saving", "saving", "training"]
     clock = HangClock(POLICY, now=0)
     for step in range(1, 11):

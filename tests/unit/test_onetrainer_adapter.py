@@ -284,19 +284,18 @@ def test_the_true_step_from_the_epoch_and_step_bars_and_the_resumed_epoch() -> N
 def test_the_last_step_bar_and_the_epoch_bar_after_it_in_one_read_give_the_last_step_not_an_epoch_more() -> None:
     """Seen on the real bed: a resumed attempt's closing `step 8/8` redraw and the `epoch 1/1` tick
     reached trainsup in one read; the step is 16 of 16, not 24."""
-    import queue
-
     from trainsup.faults.scanner import FaultScanner
+    from trainsup.run.events import ProgressSeen, new_queue
     from trainsup.run.observe import OutputParser
 
-    events: queue.Queue[tuple[str, object]] = queue.Queue()
+    events = new_queue()
     fmt = OTOutput()
     fmt.begin(1, "/m.safetensors")  # resumed in epoch 1 of 2
     parser = OutputParser(events, FaultScanner(), clock=lambda: 1.0, fmt=fmt)
     parser.feed("stderr", b"epoch:   0%|          | 0/1 [00:00<?, ?it/s]\n")
     parser.feed("stderr", (BAR.format(n=7) + "\r" + BAR.format(n=8).replace("\x1b[A", "") + "\n\n"
                            "epoch: 100%|##########| 1/1 [00:06<00:00,  6.34s/it]\n").encode())
-    steps = [v.step for k, v in (events.get() for _ in range(events.qsize())) if k == "progress"]
+    steps = [e.progress.step for e in (events.get() for _ in range(events.qsize())) if isinstance(e, ProgressSeen)]
     assert steps and steps[-1] == 16 and max(steps) == 16, steps
 
 

@@ -1,34 +1,44 @@
-"""Owns running one attempt: launch, pump its output, react to live events, stop it, report.
+"""Owns one attempt: its child, pumps and log, what stops the child, and how the attempt ended.
 
-Runs on the decision loop's thread; only the pumps (and the GPU sampler) are threads. Live reactions are few and prompt:
-a live fault (NaN loss), a hang (no progress for the hang clock's timeout; the stacks are taken
-first) or a stop request stops the whole process group at once; a completed state is validated and
-entered in the ledger as soon as its last file is announced.
+``Attempt`` is polled by the decision loop (``run.engine``) on its own thread; only the pumps (and
+the GPU sampler) are threads. The loop hands it each event (``apply``), asks after the child and the
+hang clock (``poll``) until it is ``done``, then ``close`` and ``result``. What ends the child is
+prompt: a stop request, the engine's planned stops (a checkpoint to relaunch from, the run
+complete), a live fault (NaN loss) or a hang (the engine takes the stacks first) stop the whole
+process group at once. ``take_hang_stacks`` writes a hang's stacks for the engine.
 """
 
 from __future__ import annotations
 
 import math
-import queue
 import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from ..faults.matchers import Progress
 from ..faults.scanner import Evidence, ExitInfo, FaultScanner, classify_exit
 from ..record.journal import Journal
 from ..sensors import stacks
 from ..sensors.hang import HangClock, HangPolicy
 from ..trainers.base import OutputFormat
 from . import process
+from .events import (
+    Eof,
+    Event,
+    EventQueue,
+    PhaseEntered,
+    ProgressSeen,
+    RunComplete,
+    StopForChange,
+    StopRequested,
+    next_event,
+)
 from .observe import Observations, OutputParser
 from .pump import AttemptLog, Pump
 
 
-@dataclass
+@dataclass(kw_only=True)
 class AttemptResult:
     exit_code: int | None
     signal: int | None
@@ -42,135 +52,192 @@ class AttemptResult:
     completed: bool = False  # stopped on purpose: the last step's state is complete, the run is done
 
 
-@dataclass
-class AttemptHooks:
-    on_state_done: Callable[[str, Observations], None]
-    on_progress: Callable[[Progress], None]
-    on_evidence: Callable[[Evidence], None]
-    on_summary: Callable[[Observations], None]
-    on_file_changed: Callable[[Any], None]
-    is_live: Callable[[str], bool]
-    success_fallback: Callable[[], bool]  # e.g. the final weights were written during this attempt
-    on_hang: Callable[[int, float, HangClock, Observations], Evidence]  # (pid, idle s, clock, obs): stacks
-    on_gpu: Callable[[Any], None] = lambda _samples: None  # a GPU sampler's reading
-    on_tick: Callable[[], None] = lambda: None  # every pass of the loop (systemd's watchdog)
+@dataclass(frozen=True, kw_only=True)
+class AttemptSpec:
+    """What one attempt runs and how it is stopped."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path
+    log_path: Path
+    grace_s: float
+    pump_wait_s: float  # after the child exits, how long its pipes may stay open
+    echo: bool
+    hang: HangPolicy | None = None
+    fmt: OutputFormat | None = None
+    planned_signal: int = signal.SIGTERM  # the trainer's own stop (OneTrainer: SIGINT, it backs up first)
 
 
-def run_attempt(argv: list[str], env: dict[str, str], cwd: Path, log_path: Path, scanner: FaultScanner,
-                events: queue.Queue[tuple[str, Any]], hooks: AttemptHooks, grace_s: float,
-                pump_wait_s: float, echo: bool, spawn: Callable[..., process.Child] = process.spawn,
-                clock: Callable[[], float] = time.monotonic, hang: HangPolicy | None = None,
-                fmt: OutputFormat | None = None, planned_signal: int = signal.SIGTERM) -> AttemptResult:
-    log = AttemptLog(log_path)
-    parser = OutputParser(events, scanner, clock, fmt)
-    child = spawn(argv, env, cwd)
-    assert child.popen.stdout is not None and child.popen.stderr is not None
-    pumps = [Pump("stdout", child.popen.stdout, log, 1 if echo else None, parser),
-             Pump("stderr", child.popen.stderr, log, 2 if echo else None, parser)]
-    for p in pumps:
-        p.start()
-    started = clock()
-    eofs = 0
-    exited_at: float | None = None
-    stopped_live: str | None = None
-    stop_signal: int | None = None
-    nan_step: int | None = None
-    killed = False
-    stopped_for_change = False
-    completed = False
-    hang_clock = HangClock(hang, started) if hang is not None else None
-    hang_evidence: Evidence | None = None
-    activity_seen: float | None = None
-    try:
-        while True:
-            hooks.on_tick()
-            try:
-                kind, payload = events.get(timeout=0.1)
-            except queue.Empty:
-                kind, payload = "", None
-            if kind == "eof":
-                eofs += 1
-            elif kind == "signal":  # (why the run stops, what the trainer is sent: a save signal at a deadline)
-                stop_signal, trainer_signal = payload
-                if not killed:
-                    process.stop_tree(child, grace_s, trainer_signal)
-                    killed = True
-            elif kind == "progress":
-                if nan_step is None and payload.loss is not None and math.isnan(payload.loss):
-                    nan_step = payload.step
-                if hang_clock is not None:
-                    hang_clock.on_step(payload.step, clock(), f"steps {payload.step}/{payload.total}")
-                hooks.on_progress(payload)
-            elif kind == "phase":
-                if hang_clock is not None:
-                    hang_clock.enter(payload[0], clock(), payload[1])
-            elif kind == "file_changed":
-                hooks.on_file_changed(payload)
-            elif kind == "gpu":
-                hooks.on_gpu(payload)
-            elif kind == "stop_for_change":
-                if not killed and exited_at is None:
-                    stopped_for_change = True
-                    process.stop_tree(child, grace_s, planned_signal)
-                    killed = True
-            elif kind == "complete":
-                if not killed and exited_at is None:
-                    completed = True
-                    process.stop_tree(child, grace_s, planned_signal)
-                    killed = True
-            elif kind == "summary":
-                hooks.on_summary(parser.obs)
-            elif kind == "state_done":
-                hooks.on_state_done(payload, parser.obs)
-            elif kind == "evidence":
-                hooks.on_evidence(payload)
-                if hooks.is_live(payload.fault) and not killed and stopped_live is None:
-                    stopped_live = payload.fault
-                    process.stop_tree(child, grace_s)
-                    killed = True
-            if exited_at is None and child.popen.poll() is not None:
-                exited_at = clock()
-            if hang_clock is not None and exited_at is None and not killed:
-                if parser.activity_at is not None and parser.activity_at != activity_seen:
-                    activity_seen = parser.activity_at
-                    hang_clock.on_activity(activity_seen)
-                idle = hang_clock.overdue(clock())
-                if idle is not None:
-                    hang_evidence = hooks.on_hang(child.popen.pid, idle, hang_clock, parser.obs)
-                    stopped_live = "hang"
-                    process.stop_tree(child, grace_s)
-                    killed = True
-            if exited_at is not None:
-                if eofs >= 2 and events.empty():
-                    break
-                if clock() - exited_at > pump_wait_s and not killed:
-                    # Something still holds the pipes (an orphaned worker): end the whole group.
-                    process.stop_tree(child, grace_s)
-                    killed = True
-    finally:
-        if not killed:
-            process.stop_tree(child, 0.0 if child.popen.poll() is not None else grace_s)
-        for p in pumps:
+class Attempt:
+    """One launch of the trainer, polled by the decision loop: ``start``, then per event ``apply`` and
+    ``poll`` until ``done``, then ``close`` (always) and ``result``.
+
+    The attempt owns its child, pumps and log, and what ends the child: a stop request, the engine's
+    planned stops, a live fault or a hang (the engine says which; the attempt stops the whole group).
+    """
+
+    def __init__(self, launch: AttemptSpec, scanner: FaultScanner, events: EventQueue, *,
+                 spawn: Callable[..., process.Child] = process.spawn,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.launch, self.scanner, self.events, self.spawn, self.clock = launch, scanner, events, spawn, clock
+        self.parser = OutputParser(events, scanner, clock, launch.fmt)
+        self.log: AttemptLog | None = None
+        self.child: process.Child | None = None
+        self.pumps: list[Pump] = []
+        self.started = clock()  # again once the child is spawned
+        self.eofs = 0
+        self.exited_at: float | None = None
+        self.stopped_live: str | None = None  # the live fault or "hang" it was stopped for
+        self.stop_signal: int | None = None
+        self.nan_step: int | None = None
+        self.killed = False
+        self.stopped_for_change = False
+        self.completed = False
+        self.hang_clock: HangClock | None = None  # from the start
+        self.hang_evidence: Evidence | None = None
+        self._activity_seen: float | None = None
+
+    @property
+    def obs(self) -> Observations:
+        return self.parser.obs
+
+    @property
+    def pid(self) -> int:
+        assert self.child is not None
+        return self.child.popen.pid
+
+    def start(self) -> None:
+        """Spawn the child (``process.LaunchError`` when it cannot start) and its pumps."""
+        self.log = AttemptLog(self.launch.log_path)
+        try:
+            child = self.child = self.spawn(self.launch.argv, self.launch.env, self.launch.cwd)
+        except BaseException:
+            self.log.close()
+            raise
+        assert child.popen.stdout is not None and child.popen.stderr is not None
+        echo = self.launch.echo
+        self.pumps = [Pump("stdout", child.popen.stdout, self.log, 1 if echo else None, self.parser),
+                      Pump("stderr", child.popen.stderr, self.log, 2 if echo else None, self.parser)]
+        for p in self.pumps:
+            p.start()
+        self.started = self.clock()
+        if self.launch.hang is not None:
+            self.hang_clock = HangClock(self.launch.hang, self.started)
+
+    def apply(self, event: Event) -> None:
+        """What an event means for the child: the pipes' ends, stops, progress for the hang clock."""
+        match event:
+            case Eof():
+                self.eofs += 1
+            case StopRequested(signum=signum, trainer_signal=trainer_signal):
+                self.stop_signal = signum  # why the run stops; the trainer gets trainer_signal
+                self._stop(trainer_signal)
+            case ProgressSeen(progress=p):
+                if self.nan_step is None and p.loss is not None and math.isnan(p.loss):
+                    self.nan_step = p.step
+                if self.hang_clock is not None:
+                    self.hang_clock.on_step(p.step, self.clock(), f"steps {p.step}/{p.total}")
+            case PhaseEntered(phase=phase, line=line):
+                if self.hang_clock is not None:
+                    self.hang_clock.enter(phase, self.clock(), line)
+            case StopForChange():
+                if not self.killed and self.exited_at is None:
+                    self.stopped_for_change = True
+                    self._stop(self.launch.planned_signal)
+            case RunComplete():
+                if not self.killed and self.exited_at is None:
+                    self.completed = True
+                    self._stop(self.launch.planned_signal)
+
+    def stop_live(self, fault: str) -> None:
+        """A live fault (NaN loss): the trainer does not stop by itself."""
+        if not self.killed and self.stopped_live is None:
+            self.stopped_live = fault
+            self._stop(signal.SIGTERM)
+
+    def poll(self) -> float | None:
+        """Notes the child's exit; the seconds without progress when the hang clock ran out (the
+        engine takes the stacks, then ``stop_hung``), else ``None``."""
+        assert self.child is not None
+        if self.exited_at is None and self.child.popen.poll() is not None:
+            self.exited_at = self.clock()
+        if self.exited_at is not None and not self.done and self.clock() - self.exited_at > self.launch.pump_wait_s:
+            self._stop(signal.SIGTERM)  # something still holds the pipes (an orphaned worker): end the group
+        if self.hang_clock is None or self.exited_at is not None or self.killed:
+            return None
+        activity = self.parser.activity_at
+        if activity is not None and activity != self._activity_seen:
+            self._activity_seen = activity
+            self.hang_clock.on_activity(activity)
+        return self.hang_clock.overdue(self.clock())
+
+    def stop_hung(self, evidence: Evidence) -> None:
+        self.hang_evidence, self.stopped_live = evidence, "hang"
+        self._stop(signal.SIGTERM)
+
+    @property
+    def done(self) -> bool:
+        """The child exited and both pipes were read to their end (every event of it is in)."""
+        return self.exited_at is not None and self.eofs >= 2 and self.events.empty()
+
+    def close(self) -> None:
+        """Whatever happened: the group stopped and reaped, the pumps joined, the log closed."""
+        if self.child is None:
+            return
+        if not self.killed:
+            process.stop_tree(self.child, 0.0 if self.child.popen.poll() is not None else self.launch.grace_s)
+        for p in self.pumps:
             p.join(timeout=5)
-        log.close()
-    exit_code, sig = process.exit_signal(child.popen.returncode)
-    obs = parser.obs
-    uptime = (exited_at or clock()) - started
-    success = completed or obs.success_seen or (exit_code == 0 and hooks.success_fallback())
-    obs.child_status, obs.child_signal = scanner.child_status or (None, None)
-    info = ExitInfo(exit_code, sig, obs.child_status, obs.child_signal, success)
-    if stop_signal is not None or stopped_for_change or completed:
-        fault = None
-    elif stopped_live is not None:
-        fault = stopped_live
-    else:
-        fault = classify_exit(info, scanner.verdict)
-    verdict = hang_evidence if fault == "hang" else scanner.verdict
-    evidence = verdict if verdict is not None and verdict.fault == fault else None  # never another fault's line
-    if fault == "unknown" and evidence is None:  # never without its line: what the trainer printed last
-        evidence = scanner.last_lines_evidence()
-    return AttemptResult(exit_code, sig, obs, fault, evidence, uptime, stop_signal, nan_step, stopped_for_change,
-                         completed)
+        if self.log is not None:
+            self.log.close()
+
+    def _stop(self, sig: int) -> None:
+        if not self.killed:
+            assert self.child is not None
+            process.stop_tree(self.child, self.launch.grace_s, sig)
+            self.killed = True
+
+    def result(self, success_fallback: Callable[[], bool] = lambda: False) -> AttemptResult:
+        """How it ended; ``success_fallback``: success without a success line (the final weights were
+        written during this attempt), asked only when the child exited 0."""
+        assert self.child is not None
+        exit_code, sig = process.exit_signal(self.child.popen.returncode)
+        obs, scanner = self.parser.obs, self.scanner
+        success = self.completed or obs.success_seen or (exit_code == 0 and success_fallback())
+        obs.child_status, obs.child_signal = scanner.child_status or (None, None)
+        info = ExitInfo(exit_code, sig, obs.child_status, obs.child_signal, success)
+        if self.stop_signal is not None or self.stopped_for_change or self.completed:
+            fault = None
+        elif self.stopped_live is not None:
+            fault = self.stopped_live
+        else:
+            fault = classify_exit(info, scanner.verdict)
+        verdict = self.hang_evidence if fault == "hang" else scanner.verdict
+        evidence = verdict if verdict is not None and verdict.fault == fault else None  # never another fault's line
+        if fault == "unknown" and evidence is None:  # never without its line: what the trainer printed last
+            evidence = scanner.last_lines_evidence()
+        return AttemptResult(exit_code=exit_code, signal=sig, obs=obs, fault=fault, evidence=evidence,
+                             uptime_s=(self.exited_at or self.clock()) - self.started, stop_signal=self.stop_signal,
+                             nan_progress_step=self.nan_step, stopped_for_change=self.stopped_for_change,
+                             completed=self.completed)
+
+
+def run_attempt(launch: AttemptSpec, scanner: FaultScanner, events: EventQueue, *,
+                spawn: Callable[..., process.Child] = process.spawn,
+                clock: Callable[[], float] = time.monotonic) -> AttemptResult:
+    """One attempt with nothing else listening: every event goes to the attempt, a hang is not timed
+    (the engine's loop is ``engine.Supervisor``; this is the seam the process tests use)."""
+    attempt = Attempt(launch, scanner, events, spawn=spawn, clock=clock)
+    attempt.start()
+    try:
+        while not attempt.done:
+            event = next_event(events, 0.1)
+            if event is not None:
+                attempt.apply(event)
+            attempt.poll()
+    finally:
+        attempt.close()
+    return attempt.result()
 
 
 def take_hang_stacks(number: int, pid: int, idle_s: float, clock: HangClock, step: int | None,

@@ -155,21 +155,22 @@ class Deadline:
         if not job or not self.policy.requeue:
             not_why = "not in a Slurm job (no SLURM_JOB_ID)" if not job else "slurm.requeue is off"
             journal.event("not_requeued", reason=not_why, state_step=step)
-            return Decision("signal", code, f"{why}; {not_why}: not requeued")
+            return Decision(kind="signal", exit_code=code, reason=f"{why}; {not_why}: not requeued")
         streak = requeues_without_progress(read_events(journal.run_dir), step)
         if streak >= self.policy.requeue_budget:
             journal.event("requeue_budget_spent", job_id=job, restart_count=restarts, requeues=streak,
                           budget=self.policy.requeue_budget, state_step=step)
-            return Decision("give_up", EXIT_GAVE_UP,
-                            f"{why}; {streak} requeue(s) in a row without a new complete state "
+            return Decision(kind="give_up", exit_code=EXIT_GAVE_UP,
+                            reason=f"{why}; {streak} requeue(s) in a row without a new complete state "
                             f"(slurm.requeue_budget {self.policy.requeue_budget}): not requeued again")
         problem = requeue(job)
         if problem is not None:
             journal.event("requeue_failed", job_id=job, error=problem, state_step=step)
             say(f"error: scontrol requeue {job} failed: {problem}")
-            return Decision("signal", code, f"{why}; scontrol requeue {job} failed: {problem}")
+            return Decision(kind="signal", exit_code=code,
+                            reason=f"{why}; scontrol requeue {job} failed: {problem}")
         journal.event("requeued", job_id=job, restart_count=restarts, state_step=step, streak=streak + 1)
-        return Decision("signal", code, f"{why}; job {job} requeued")
+        return Decision(kind="signal", exit_code=code, reason=f"{why}; job {job} requeued")
 
 
 def requeues_without_progress(events: list[dict[str, Any]], step: int | None) -> int:

@@ -11,7 +11,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..faults.remedies import NOT_RESTARTABLE, RESTART, WAIT_FOREIGN, Rung
+from ..faults.classes import fault_class, not_restartable
+from ..faults.remedies import RESTART, WAIT_FOREIGN, Rung
 from ..faults.remedies import ladder as builtin_ladder
 from ..faults.rules import FaultRule
 from ..sensors.hang import hang_spot
@@ -21,7 +22,7 @@ EXIT_GAVE_UP = 3
 EXIT_STOPPED = 4
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Outcome:
     attempt: int
     exit_code: int | None
@@ -53,7 +54,7 @@ class History:
 Kind = Literal["finish", "restart", "stop", "give_up", "signal"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Decision:
     kind: Kind
     exit_code: int | None = None
@@ -87,35 +88,36 @@ def _select(fault: str, start: int, applicable: Callable[[Rung], bool],
 
 
 def stops_at_once(rules: Iterable[FaultRule]) -> frozenset[str]:
-    """Fault ids a restart cannot fix: the built-in ones and any rule that says restartable: false."""
-    return NOT_RESTARTABLE | {r.id for r in rules if not r.restartable}
+    """Fault ids a restart cannot fix: the fault table's and any rule's that says restartable: false."""
+    return not_restartable(rules)
 
 
 def decide(history: History, outcome: Outcome, policy: Policy, now: float,
-           applicable: Callable[[Rung], bool], fatal: frozenset[str] = NOT_RESTARTABLE,
+           applicable: Callable[[Rung], bool], fatal: frozenset[str] = not_restartable(),
            ladder: Ladder = builtin_ladder) -> Decision:
     if outcome.stop_signal is not None:
-        return Decision("signal", 128 + outcome.stop_signal, f"stopped by {signal.Signals(outcome.stop_signal).name}")
+        return Decision(kind="signal", exit_code=128 + outcome.stop_signal,
+                        reason=f"stopped by {signal.Signals(outcome.stop_signal).name}")
     if outcome.fault is None:
-        return Decision("finish", 0, "training finished")
+        return Decision(kind="finish", exit_code=0, reason="training finished")
     fault = outcome.fault
     if fault in fatal:
-        reason = _stop_reason(fault, ladder(fault)[0]) if fault in NOT_RESTARTABLE and ladder(fault) else \
+        reason = _stop_reason(fault, ladder(fault)[0]) if not fault_class(fault).restartable and ladder(fault) else \
             f"{fault}: its rule says a restart cannot fix it"
-        return Decision("stop", EXIT_STOPPED, reason)
+        return Decision(kind="stop", exit_code=EXIT_STOPPED, reason=reason)
 
-    spot = hang_spot(outcome.evidence) if fault == "hang" else None
-    if spot is not None and any(o.fault == "hang" and hang_spot(o.evidence) == spot for o in history.outcomes):
-        return Decision("stop", EXIT_STOPPED, f"hang: it hung again {spot}; a restart will not get past it "
+    spot = hang_spot(outcome.evidence) if fault_class(fault).repeats_at_same_spot else None
+    if spot is not None and any(o.fault == fault and hang_spot(o.evidence) == spot for o in history.outcomes):
+        return Decision(kind="stop", exit_code=EXIT_STOPPED, reason=f"{fault}: it hung again {spot}; a restart will not get past it "
                         "(the stacks are in the run dir's hang-N.txt)")
 
     recent = [t for t in history.restarts_at if now - t < policy.restart_window_s]
     if len(recent) >= policy.restart_max:
-        return Decision("give_up", EXIT_GAVE_UP,
-                        f"restart budget exhausted: {len(recent)} restarts within "
+        return Decision(kind="give_up", exit_code=EXIT_GAVE_UP,
+                        reason=f"restart budget exhausted: {len(recent)} restarts within "
                         f"{policy.restart_window_s:g} s (restart.max={policy.restart_max}); last fault {fault}")
 
-    if fault == "cuda_oom" and outcome.foreign_mib >= policy.gpu.foreign_warn_mib and not history.waited_foreign:
+    if fault_class(fault).memory == "gpu" and outcome.foreign_mib >= policy.gpu.foreign_warn_mib and not history.waited_foreign:
         # Out of memory while other programs held some of it: not this command's fault, maybe.
         index, rung = history.next_rung.get(fault, 0), WAIT_FOREIGN
         skipped: tuple[tuple[int, Rung], ...] = ()
@@ -125,21 +127,22 @@ def decide(history: History, outcome: Outcome, policy: Policy, now: float,
     else:
         chosen, skipped = _select(fault, history.next_rung.get(fault, 0), applicable, ladder)
         if chosen is None:
-            return Decision("stop", EXIT_STOPPED, f"{fault}: no remedy left that changes this command",
-                            skipped=skipped)
+            return Decision(kind="stop", exit_code=EXIT_STOPPED,
+                            reason=f"{fault}: no remedy left that changes this command", skipped=skipped)
         index, rung = chosen
     if any(a.kind == "stop" for a in rung.actions):
-        return Decision("stop", EXIT_STOPPED, _stop_reason(fault, rung), rung, index, skipped=skipped)
+        return Decision(kind="stop", exit_code=EXIT_STOPPED, reason=_stop_reason(fault, rung), rung=rung,
+                        rung_index=index, skipped=skipped)
 
     quick = outcome.uptime_s < policy.min_uptime_s and outcome.steps_trained == 0
     if quick and rung.repeat and history.quick_exits + 1 >= policy.max_quick_exits:
-        return Decision("give_up", EXIT_GAVE_UP,
-                        f"exited too quickly {history.quick_exits + 1} times in a row "
+        return Decision(kind="give_up", exit_code=EXIT_GAVE_UP,
+                        reason=f"exited too quickly {history.quick_exits + 1} times in a row "
                         f"(under {policy.min_uptime_s:g} s, no step trained); last fault {fault}")
     failures = 0 if outcome.saved_new_state else history.failures_since_state
     delay = min(policy.backoff_max_s, policy.backoff_initial_s * policy.backoff_factor ** failures)
-    return Decision("restart", None, f"{fault}: {rung.describe()}", rung, index, delay, quick and rung.repeat,
-                    skipped)
+    return Decision(kind="restart", reason=f"{fault}: {rung.describe()}", rung=rung, rung_index=index, delay_s=delay,
+                    quick=quick and rung.repeat, skipped=skipped)
 
 
 def record(history: History, outcome: Outcome, decision: Decision, now: float) -> None:

@@ -13,7 +13,6 @@ event says why, no thread runs and no wait happens.
 
 from __future__ import annotations
 
-import queue
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +20,7 @@ from ..record.journal import Journal
 from ..sensors.gpu import GpuDevice, GpuProbe
 from ..sensors.gpuwatch import DeviceSample, GpuPolicy, GpuSampler, take_sample, visible_devices
 from . import process
+from .events import EventQueue, GpuSampled
 
 Wait = Callable[[float], bool]  # sleep this long; True when a stop request arrived meanwhile
 
@@ -56,10 +56,11 @@ class GpuGuard:
             return None
 
     # --- one attempt -----------------------------------------------------------------------------
-    def attach(self, child: process.Child, events: queue.Queue[tuple[str, Any]]) -> process.Child:
-        """Start sampling the tree of a freshly spawned trainer."""
+    def attach(self, child: process.Child, events: EventQueue) -> process.Child:
+        """Start sampling the tree of a freshly spawned trainer; each reading goes on ``events``."""
         if self.on:
-            self.sampler = GpuSampler(self.probe, self._select, child.pid, events, self.policy.poll_s)
+            self.sampler = GpuSampler(self.probe, self._select, child.pid,
+                                      lambda samples: events.put(GpuSampled(samples)), self.policy.poll_s)
             self.sampler.start()
         return child
 

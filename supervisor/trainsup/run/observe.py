@@ -12,18 +12,18 @@ and posts the start of those phases; it never decides anything about hangs itsel
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from ..faults import matchers
 from ..faults.linetext import clean_line
+from ..faults.progress import Progress
 from ..faults.scanner import FaultScanner
 from ..faults.splitter import LineSplitter
 from ..trainers.base import OutputFormat
+from .events import Eof, EventQueue, EvidenceSeen, PhaseEntered, ProgressSeen, StateDone, SummarySeen
 
 MAX_LINES_PER_CHUNK = 2000
 
@@ -33,10 +33,11 @@ class Observations:
     lines: int = 0
     skipped_lines: int = 0
     truncated_lines: int = 0
-    progress: matchers.Progress | None = None
+    progress: Progress | None = None
     success_seen: bool = False
-    batches_per_epoch: int | None = None
-    grad_accum: int | None = None
+    # the trainer's start-up summary as read so far (``OutputFormat.summary``; replaced, never updated
+    # in place, so the loop may read it while a pump thread reads on)
+    summary: Mapping[str, Any] = field(default_factory=dict)
     child_status: int | None = None  # the real child's status behind a launcher (from the scanner)
     child_signal: int | None = None
     saving_state_label: int | None = None  # the trainer's label of a state save in progress
@@ -45,7 +46,7 @@ class Observations:
 class OutputParser:
     """Thread-safe: both pump threads call ``feed``; the loop reads ``obs`` after the child ended."""
 
-    def __init__(self, events: queue.Queue[tuple[str, Any]], scanner: FaultScanner,
+    def __init__(self, events: EventQueue, scanner: FaultScanner,
                  clock: Callable[[], float] = time.monotonic, fmt: OutputFormat | None = None) -> None:
         self.events = events
         self.fmt = fmt or OutputFormat()  # what the trainer's lines mean (the adapter's)
@@ -75,7 +76,7 @@ class OutputParser:
             splitter = self._splitters.get(stream)
             if splitter is not None:
                 self._lines(splitter.flush())
-        self.events.put(("eof", stream))
+        self.events.put(Eof(stream))
 
     def _lines(self, lines: list[str]) -> None:
         fmt = self.fmt
@@ -102,7 +103,7 @@ class OutputParser:
                 self._bookkeeping(clean_line(line))
             evidence = self.scanner.feed(line, self.obs.lines)
             if evidence is not None:
-                self.events.put(("evidence", evidence))
+                self.events.put(EvidenceSeen(evidence))
         self._progress(bars)
         if active:
             self.activity_at = self.clock()
@@ -114,7 +115,7 @@ class OutputParser:
             if progress is None:
                 continue
             self.obs.progress = progress
-            self.events.put(("progress", progress))
+            self.events.put(ProgressSeen(progress))
             if self._phase is not None and progress.step > self._phase_step:
                 self._phase = None  # back to training
             return
@@ -126,14 +127,14 @@ class OutputParser:
             if marker in line:
                 self._phase = phase
                 self._phase_step = obs.progress.step if obs.progress is not None else 0
-                self.events.put(("phase", (phase, line)))
+                self.events.put(PhaseEntered(phase, line))
                 break
-        state_dir = fmt.state_completed(line)
-        if state_dir is not None:
-            self.events.put(("state_done", state_dir or None))
+        saved = fmt.state_completed(line)
+        if saved is not None:
+            self.events.put(StateDone(saved.dir))
             if self._phase == "saving":  # the state's last file: the save is over, training resumes
                 self._phase = None
-                self.events.put(("phase", ("training", line)))
+                self.events.put(PhaseEntered("training", line))
             return
         label = fmt.state_started(line)
         if label is not None:
@@ -142,11 +143,8 @@ class OutputParser:
         if fmt.is_success(line):
             obs.success_seen = True
             return
-        n = fmt.batches_per_epoch(line)
-        if n is not None:
-            obs.batches_per_epoch = n
-            return
-        n = fmt.grad_accum(line)
-        if n is not None:
-            obs.grad_accum = n
-            self.events.put(("summary", None))  # the start-up summary is complete
+        said = fmt.summary(line)
+        if said is not None:
+            obs.summary = {**obs.summary, **said.facts}
+            if said.complete:
+                self.events.put(SummarySeen())  # the start-up summary is complete

@@ -62,14 +62,15 @@ class Remedier:
         python = self.trainer.python(self.env)
         command = " ".join(upgrade_command(python or "<trainer's python>", f'"{spec}"'))
         if python is None:
-            return Decision("stop", EXIT_STOPPED, f"fp8_serializer: cannot tell which Python runs the "
-                            f"trainer; run: {command}")
+            return Decision(kind="stop", exit_code=EXIT_STOPPED,
+                            reason=f"fp8_serializer: cannot tell which Python runs the trainer; run: {command}")
         if not policy.allow_upgrade:
-            return Decision("stop", EXIT_STOPPED, f"fp8_serializer: the trainer's safetensors is too old "
-                            f"and the policy forbids upgrades; run: {command}")
+            return Decision(kind="stop", exit_code=EXIT_STOPPED, reason=f"fp8_serializer: the trainer's safetensors "
+                            f"is too old and the policy forbids upgrades; run: {command}")
         self.say(f"upgrading the trainer's serializer (environment.allow_upgrade=true): {command}")
         rc = run_upgrade(python, spec, self.run_dir / f"upgrade-{attempt}.log")
         self.journal.event("environment_upgrade", python=python, spec=spec, exit_code=rc)
         if rc != 0:
-            return Decision("stop", EXIT_STOPPED, f"fp8_serializer: `{command}` failed (exit {rc})")
+            return Decision(kind="stop", exit_code=EXIT_STOPPED,
+                            reason=f"fp8_serializer: `{command}` failed (exit {rc})")
         return None

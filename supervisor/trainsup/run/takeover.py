@@ -38,7 +38,8 @@ from typing import Any
 import psutil
 
 from ..record.fsutil import atomic_write_text
-from ..record.journal import END_EVENTS, Journal, read_events
+from ..record.journal import Journal, read_events
+from ..record.journalkinds import END_EVENTS
 from ..record.lease import EARLIER_BOOT, HERE, Identity, local_identity, origin
 
 TRAINER_FILE = "trainer.json"

@@ -4,15 +4,15 @@
 short at the first entry that names no device). ``take_sample`` turns one probe reading into a
 ``DeviceSample`` per device: used and total memory, the share held by the trainer's process tree
 (found with psutil) and the processes outside it. ``GpuSampler`` is a producer thread like the
-output pumps: every ``poll_s`` it puts ``("gpu", [DeviceSample, ...])`` on the event queue and keeps
-the attempt's peaks and every pid of the tree that held memory (the memory a relaunch waits for).
+output pumps: every ``poll_s`` it hands ``[DeviceSample, ...]`` to ``on_samples`` (the engine puts
+it on its event queue) and keeps the attempt's peaks and every pid of the tree that held memory (the
+memory a relaunch waits for).
 
 Memory is in MiB. A value the probe cannot give stays ``None`` ("unknown"), never 0.
 """
 
 from __future__ import annotations
 
-import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -144,9 +144,10 @@ class GpuSampler(threading.Thread):
     """Reads the probe every ``poll_s`` while one attempt runs; ``stop()`` ends it and keeps the peaks."""
 
     def __init__(self, probe: GpuProbe, select: Callable[[list[GpuDevice]], list[GpuDevice]], root_pid: int,
-                 events: queue.Queue[tuple[str, Any]], poll_s: float) -> None:
+                 on_samples: Callable[[list[DeviceSample]], None], poll_s: float) -> None:
         super().__init__(name="trainsup-gpu", daemon=True)
-        self._probe, self._select, self._root, self._events, self._poll_s = probe, select, root_pid, events, poll_s
+        self._probe, self._select, self._root, self._poll_s = probe, select, root_pid, poll_s
+        self._on_samples = on_samples
         self._halt = threading.Event()
         self._lock = threading.Lock()
         self.peaks = Peaks()
@@ -175,7 +176,7 @@ class GpuSampler(threading.Thread):
             self.peaks.add(samples)
             self.held_by_tree |= holders
             self.latest = samples
-        self._events.put(("gpu", samples))
+        self._on_samples(samples)  # the loop hears of it (a typed event on its queue)
         return samples
 
     def stop(self) -> None:
