@@ -47,7 +47,9 @@ To avoid this warning pass in values for each of the problematic parameters or r
                     INFO     found directory                  train_util.py:1926
                              /data/train/10_character                           
                              contains 40 image files                            
-/venv/lib/python3.10/site-packages/xformers/ops/fmha/flash.py:211: FutureWarning: `torch.library.impl_abstract` was renamed to `torch.library.register_fake`. Please use that instead; we will remove `torch.library.impl_abstract` in a future version of PyTorch.
+/venv/lib/python3.10/site-packages/xformers/ops/fmha/flash.py:211: FutureWarning: `torch.library.impl_abstract` was \
+renamed to `torch.library.register_fake`. Please use that instead; we will remove `torch.library.impl_abstract` in a \
+future version of PyTorch.
   @torch.library.impl_abstract("xformers_flash::flash_fwd")
 2024-08-01 12:00:08 INFO     Loading state dict from           flux_utils.py:169
                              /models/flux1-dev.safetensors                      
@@ -64,7 +66,8 @@ SUMMARY = """running training / 学習開始
   batch size per device / バッチサイズ: 1
   gradient accumulation steps / 勾配を合計するステップ数 = 1
   total optimization steps / 学習ステップ数: 10000000
-/venv/lib/python3.10/site-packages/torch/utils/checkpoint.py:91: UserWarning: None of the inputs have requires_grad=True. Gradients will be None
+/venv/lib/python3.10/site-packages/torch/utils/checkpoint.py:91: UserWarning: None of the inputs have \
+requires_grad=True. Gradients will be None
   warnings.warn(
 """
 
@@ -99,7 +102,11 @@ TAIL = """Traceback (most recent call last):
     accelerator.backward(loss)
   File "/venv/lib/python3.10/site-packages/accelerate/accelerator.py", line 2246, in backward
     loss.backward(**kwargs)
-torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 72.00 MiB. GPU 0 has a total capacity of 23.54 GiB of which 17.31 MiB is free. Including non-PyTorch memory, this process has 23.51 GiB memory in use. Of the allocated memory 22.87 GiB is allocated by PyTorch, and 203.71 MiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 72.00 MiB. GPU 0 has a total capacity of 23.54 GiB of \
+which 17.31 MiB is free. Including non-PyTorch memory, this process has 23.51 GiB memory in use. Of the allocated \
+memory 22.87 GiB is allocated by PyTorch, and 203.71 MiB is reserved by PyTorch but unallocated. If reserved but \
+unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See \
+documentation for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)
 Traceback (most recent call last):
   File "/venv/bin/accelerate", line 8, in <module>
     sys.exit(main())
@@ -107,7 +114,8 @@ Traceback (most recent call last):
     simple_launcher(args)
   File "/venv/lib/python3.10/site-packages/accelerate/commands/launch.py", line 769, in simple_launcher
     raise subprocess.CalledProcessError(returncode=process.returncode, cmd=cmd)
-subprocess.CalledProcessError: Command '['/venv/bin/python', 'flux_train_network.py', '--config_file', '/work/cfg/flux_lora.toml']' returned non-zero exit status 1.
+subprocess.CalledProcessError: Command '['/venv/bin/python', 'flux_train_network.py', '--config_file', \
+'/work/cfg/flux_lora.toml']' returned non-zero exit status 1.
 """
 
 

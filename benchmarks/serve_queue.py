@@ -1,6 +1,6 @@
 """How promptly and how lightly ``trainsup serve`` works: the time from running ``trainsup queue add``
-(its own start-up included) to the entry's supervisor being started (the socket wakes the daemon; without it the next look is up
-to a second away), and the daemon's resident memory and whether torch is mapped into it.
+(its own start-up included) to the entry's supervisor being started (the socket wakes the daemon; without it
+the next look is up to a second away), and the daemon's resident memory and whether torch is mapped into it.
 
     python benchmarks/serve_queue.py [--reps 10]
 
@@ -56,7 +56,8 @@ def main() -> int:
                                 str(project)], check=True, capture_output=True)
                 entry_id = f"q{rep + 1}"
                 while True:
-                    started = [e for e in _events(state) if e.get("event") == "entry_started" and e.get("id") == entry_id]
+                    started = [e for e in _events(state)
+                               if e.get("event") == "entry_started" and e.get("id") == entry_id]
                     if started:
                         latencies.append(float(started[0]["ts"]) - asked)  # type: ignore[arg-type]
                         break
@@ -73,8 +74,8 @@ def main() -> int:
     result = {"reps": len(latencies), "median_start_s": round(statistics.median(latencies), 3),
               "max_start_s": round(max(latencies), 3), "daemon_rss_mib": round(rss_mib, 1),
               "torch_in_daemon": torch_loaded}
-    print(f"`trainsup queue add` run -> supervisor started: median {result['median_start_s']} s, max {result['max_start_s']} s "
-          f"over {len(latencies)} entries")
+    print(f"`trainsup queue add` run -> supervisor started: median {result['median_start_s']} s, "
+          f"max {result['max_start_s']} s over {len(latencies)} entries")
     print(f"daemon resident memory: {result['daemon_rss_mib']} MiB; torch mapped: {torch_loaded}")
     if args.json:
         print(json.dumps(result))

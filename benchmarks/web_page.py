@@ -48,7 +48,8 @@ def write_run(run_dir: Path, steps: int) -> None:
                            "resume_step": max(0, start - 50), "resume_from": "x" if start else None})
             end = thirds[attempt] if attempt < 3 else steps
             fh.writelines(json.dumps({"ts": t0 + s, "a": attempt, "s": s, "t": steps,
-                                     "l": 1.0 / (1 + s / 1000), "r": 3.1}, separators=(",", ":")) + "\n" for s in range(max(0, start - 50) + 1, end + 1))
+                                     "l": 1.0 / (1 + s / 1000), "r": 3.1}, separators=(",", ":")) + "\n"
+                          for s in range(max(0, start - 50) + 1, end + 1))
             if attempt < 3:
                 events += [{"ts": t0 + end, "event": "attempt_end", "attempt": attempt, "step": end, "exit_code": 1},
                            {"ts": t0 + end, "event": "fault", "class": "cuda_oom", "attempt": attempt},
@@ -93,7 +94,8 @@ def main() -> int:
 
         def grow() -> None:
             with open(run_dir / "progress.jsonl", "a") as fh:
-                fh.writelines(json.dumps({"ts": 1.0 * s, "a": 3, "s": s, "l": 0.1}) + "\n" for s in range(last[0] + 1, last[0] + 101))
+                fh.writelines(json.dumps({"ts": 1.0 * s, "a": 3, "s": s, "l": 0.1}) + "\n"
+                              for s in range(last[0] + 1, last[0] + 101))
             last[0] += 100
             client.get(part, headers=HOST)
 

@@ -36,7 +36,8 @@ class Injection:
     def describe(self) -> str:
         where = {"step": f"at step {self.at_step:.1f}", "launch": f"{self.delay:.1f} s into a launch",
                  "save": f"inside save {self.save}",
-                 "journal": f"at step {self.at_step:.1f} under the journal (trainsup killed, restarted on the full disk)"
+                 "journal": f"at step {self.at_step:.1f} under the journal "
+                            "(trainsup killed, restarted on the full disk)"
                  }[self.moment]
         extra = {"kill_supervisor": f", restart after {self.restart_delay:.1f} s",
                  "disk_full": f", {self.free_bytes} bytes left", "edit": f", {self.target}"}.get(self.kind, "")

@@ -66,7 +66,8 @@ def bed_processes(out: Path) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info["cmdline"] or []
-        if str(out) in cmd and any(Path(a).name == "train_network.py" for a in cmd) and proc.pid != psutil.Process().pid:
+        if (str(out) in cmd and any(Path(a).name == "train_network.py" for a in cmd)
+                and proc.pid != psutil.Process().pid):
             found.append(proc)
     return found
 

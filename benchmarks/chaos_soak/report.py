@@ -53,7 +53,8 @@ def report(runs: list[ChaosRun], kinds: tuple[str, ...], seed: int, total_s: flo
     by_invariant = {str(n): sum(1 for v in violations if v.invariant == n) for n in invariants}
     return {"seed": seed, "runs": len(runs), "injections": sum(row["injections"] for row in rows.values()),
             "violations": len(violations), "kinds": rows, "violations_several_kinds": several,
-            "violations_by_invariant": by_invariant, "invariant_names": {str(n): name for n, name in invariants.items()},
+            "violations_by_invariant": by_invariant,
+            "invariant_names": {str(n): name for n, name in invariants.items()},
             "skipped_kinds": skipped, "reference_runs": refs,
             "total_s": round(total_s, 1), "run_seeds": [r.seed for r in runs],
             "violation_list": [v.__dict__ for v in violations]}

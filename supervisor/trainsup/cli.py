@@ -63,7 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="launch a training command and bring it back from known faults",
                          usage="trainsup run [--policy FILE] [--trainer NAME] [--run-dir DIR] [--quiet] "
                                "[--fresh | --resume] -- COMMAND...\n"
-                               "       trainsup run --project NAME_OR_FILE [--run-dir DIR] [--quiet] [--fresh | --resume]")
+                               "       trainsup run --project NAME_OR_FILE [--run-dir DIR] [--quiet] "
+                               "[--fresh | --resume]")
     run.add_argument("--policy", type=Path, help="YAML policy (see config.example.yaml)")
     run.add_argument("--project", metavar="NAME_OR_FILE", help="run a project file (its command, "
                      "environment and policy); a name is looked up in the projects directory")
@@ -125,7 +126,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="a GPU with less free memory than this gets no entry (default %(default)s)")
     serve.add_argument("--policy", type=Path, metavar="FILE",
                        help="YAML whose notify: and metrics: sections the daemon uses (see config.example.yaml)")
-    serve.add_argument("--web", metavar="ADDR", help=f"also serve the page (as trainsup web) on ADDR, e.g. {WEB_LISTEN}")
+    serve.add_argument("--web", metavar="ADDR",
+                       help=f"also serve the page (as trainsup web) on ADDR, e.g. {WEB_LISTEN}")
     web = sub.add_parser("web", help="a page in the browser over the runs: loss, samples, faults, logs, the queue",
                          usage="trainsup web [--listen ADDR] [--state DIR] [--projects DIR] [RUN_DIR ...]")
     web.add_argument("--listen", default=WEB_LISTEN, metavar="ADDR",
@@ -147,7 +149,8 @@ def _parser() -> argparse.ArgumentParser:
                        "would fail at its start (its blockers are said as warnings)")
     q_add.add_argument("project", metavar="PROJECT", help="a project name (in the projects directory) or file; "
                        "trainsup doctor checks it first")
-    q_retry = queue_sub.add_parser("retry", help="queue a failed or stopped entry again, as a new entry that resumes it",
+    q_retry = queue_sub.add_parser("retry",
+                                   help="queue a failed or stopped entry again, as a new entry that resumes it",
                                    usage="trainsup queue retry [--state DIR] [--force] ID")
     q_retry.add_argument("--force", action="store_true", help="queue it even when trainsup doctor finds blockers")
     q_retry.add_argument("id", metavar="ID", help="the ended entry (its project file is read again, as it is now)")
@@ -398,7 +401,8 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     start_mode: Literal["auto", "fresh", "resume"] = "fresh" if args.fresh else "resume" if args.resume else "auto"
     if args.project is not None:
         given = [a for a in args.command if a != "--"] or args.policy is not None or args.trainer is not None
-        project = _project_of(args, "run", "the command, the policy and the trainer", given, ", no --policy and no --trainer")
+        project = _project_of(args, "run", "the command, the policy and the trainer", given,
+                              ", no --policy and no --trainer")
         if project is None:
             return 2
         spec = RunSpec(project.command, project.cwd, args.run_dir or project.run_dir,

@@ -277,7 +277,8 @@ class KohyaBed(Bed):
         assert argv[argv.index("--save_every_n_steps") + 1] == "7" and "--sample_at_first" not in argv
         assert [e["step"] for e in run.of("segment_relaunch")] == [16]
         third = run.starts()[2]
-        assert (third["resume_step"], third["resume_from"]) == (16, str(run.run_dir / "saves" / "tiny-trainsup2-000002-state"))
+        assert (third["resume_step"], third["resume_from"]) == (
+            16, str(run.run_dir / "saves" / "tiny-trainsup2-000002-state"))
         assert third["argv"][third["argv"].index("--save_every_n_steps") + 1] == "4" and len(run.starts()) == 3
         ledger = json.loads((run.run_dir / "ledger.json").read_text())
         offsets = {s["attempt"]: s["resume_step"] for s in run.starts()}

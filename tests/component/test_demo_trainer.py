@@ -55,7 +55,8 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def full_run(assets: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+def full_run(assets: dict[str, Path],
+             tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     out = tmp_path_factory.mktemp("full")
     proc = run(SD + base_args(assets, out, *RESUME_FLAGS))
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -19,7 +19,8 @@ from tests.e2e.demo_harness import (
 HANG_POLICY = FAST_POLICY + "hang:\n  min_timeout_s: 5\n"
 
 
-def test_a_silent_hang_is_detected_its_stacks_taken_and_the_run_resumed(assets: dict[str, Path], tmp_path: Path) -> None:
+def test_a_silent_hang_is_detected_its_stacks_taken_and_the_run_resumed(assets: dict[str, Path],
+                                                                         tmp_path: Path) -> None:
     ref = tmp_path / "reference"
     r = run_plain(demo_argv("train_network", assets, ref))
     assert r.returncode == 0, r.stderr[-2000:]

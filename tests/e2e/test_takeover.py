@@ -84,7 +84,8 @@ def test_a_killed_supervisors_trainer_dies_at_its_next_write_and_the_run_resumes
     killed = time.monotonic()
     # Outside systemd nothing kills the orphan but its own next write to the closed pipe: one step.
     wait_until(lambda: not alive_pids(trainer), 10, what="the orphaned trainer to die")
-    assert time.monotonic() - killed < 3  # the documented bound (docs/guides/robustness.md): the trainer's next output line
+    # the documented bound (docs/guides/robustness.md): the trainer's next output line
+    assert time.monotonic() - killed < 3
     second = _start(tmp_path, "--project", "demo")
     _, err = second.communicate(timeout=240)
     assert second.returncode == 0, err[-2000:]

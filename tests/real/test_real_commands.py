@@ -41,7 +41,8 @@ def test_text_encoder_caching_on_sd1_is_a_blocker_and_a_config_error_not_the_war
     assert run.returncode == 4, run.stderr[-3000:]
     assert run.of("attempt_end")[0]["child_status"] == 2
     fault = run.of("fault")[0]
-    assert fault["class"] == "config_error" and "unrecognized arguments: --cache_text_encoder_outputs" in fault["evidence"]
+    assert (fault["class"] == "config_error"
+            and "unrecognized arguments: --cache_text_encoder_outputs" in fault["evidence"])
     log = run.run_dir / "attempt-1.log"
     assert BNB in log.read_text(encoding="utf-8", errors="replace")
     offline = diagnose(log)

@@ -100,7 +100,8 @@ def test_notify_and_metrics_sections_parse_with_defaults_and_file_line_errors() 
     for listen, normal in (("0.0.0.0:9100", "0.0.0.0:9100"), ("[::1]:9464", "[::1]:9464"), ("9464", "127.0.0.1:9464")):
         assert parse_policy(f"metrics:\n  listen: '{listen}'\n", "p").metrics.listen == normal
     for text, error in (
-            ("notify:\n  on: [finised]\n", r"p.yaml:2: notify.on: expected a list of finished \| gave_up .*not 'finised'"),
+            ("notify:\n  on: [finised]\n",
+             r"p.yaml:2: notify.on: expected a list of finished \| gave_up .*not 'finised'"),
             ("notify:\n  on: finished\n", r"p.yaml:2: notify.on: expected a list of"),
             ("notify:\n  urls: json://h/\n", r"p.yaml:2: notify.urls: expected a list of apprise URLs"),
             ("notify:\n  urls: ['x://${A B}']\n", r"notify.urls: .*not 'A B'"),
@@ -167,7 +168,8 @@ def test_hang_gave_up_and_finished_messages() -> None:
             {"event": "fault", "class": "hang", "evidence": "no progress for 300 s at step 40", "attempt": 1},
             {"event": "remedy", "class": "hang", "rung": 0, "actions": ["restart from the last safe state"]})
     (notice,) = story_of(("hang",), *hang)
-    assert notice.kind == "hang" and notice.title == "mylora: hang at step 40/100 — restarting from the last saved state"
+    assert (notice.kind == "hang"
+            and notice.title == "mylora: hang at step 40/100 — restarting from the last saved state")
     assert "evidence: no progress for 300 s at step 40" in notice.body and "stacks: /r/hang-1.txt" in notice.body
     # a fault that ends the run is one message, the end's
     end = (*OOM_RUN[:4], {"event": "gave_up", "reason": "cuda_oom: out of GPU memory after every memory remedy",
@@ -183,11 +185,12 @@ def test_hang_gave_up_and_finished_messages() -> None:
     # a stop by a signal was asked for: not told
     assert story_of(("gave_up",), {"event": "gave_up", "reason": "stopped by SIGTERM", "exit_code": 143}) == []
     done = ({"event": "attempt_start", "attempt": 1}, {"event": "_status", "step": 20, "total": 20, "rate": 3.0},
-            {"ts": 160.0, "event": "finished", "reason": "exit 0", "final_weights": "/o/lora.safetensors", "attempt": 1})
+            {"ts": 160.0, "event": "finished", "reason": "exit 0", "final_weights": "/o/lora.safetensors",
+             "attempt": 1})
     (notice,) = story_of(("finished",), *done)
     assert notice.title == "mylora: finished at step 20/20" and notice.level == "success"
-    assert notice.body.splitlines()[:3] == ["final weights: /o/lora.safetensors", "attempts: 1; faults: none; took 1m00s",
-                                            "step 20/20 · attempt 1"]
+    assert notice.body.splitlines()[:3] == ["final weights: /o/lora.safetensors",
+                                            "attempts: 1; faults: none; took 1m00s", "step 20/20 · attempt 1"]
 
 
 def test_the_end_notices_say_what_the_weights_were_trained_with() -> None:

@@ -14,7 +14,8 @@ CLI_MD = Path(__file__).resolve().parents[2] / "docs" / "reference" / "cli.md"
 HEADING = re.compile(r"^(#{2,3}) (trainsup(?: [a-z-]+)+)\s*$", re.MULTILINE)
 
 
-def _verbs(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], argparse.ArgumentParser]:
+def _verbs(parser: argparse.ArgumentParser,
+           path: tuple[str, ...] = ()) -> dict[tuple[str, ...], argparse.ArgumentParser]:
     """Every verb path of the parser (``("queue", "add")``) and its own parser; a verb with sub-verbs too."""
     found: dict[tuple[str, ...], argparse.ArgumentParser] = {}
     for action in parser._actions:

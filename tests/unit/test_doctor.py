@@ -48,7 +48,8 @@ def kohya(tmp_path: Path) -> Path:
     """A working directory with a fake sd-scripts checkout, model, dataset and prompts."""
     for script in ("train_network.py", "sdxl_train_network.py", "flux_train_network.py"):
         (tmp_path / script).write_text("# stand-in\n")
-    write_safetensors(tmp_path / "model.safetensors", {"unet.a.weight": ("BF16", (64, 32)), "unet.a.bias": ("F32", (64,))})
+    write_safetensors(tmp_path / "model.safetensors",
+                      {"unet.a.weight": ("BF16", (64, 32)), "unet.a.bias": ("F32", (64,))})
     write_safetensors(tmp_path / "flux_fp8.safetensors", {"model.diffusion_model.x.weight": ("F8_E4M3", (64, 64))})
     (tmp_path / "data" / "10_sks").mkdir(parents=True)
     (tmp_path / "data" / "10_sks" / "a.png").write_bytes(b"\x89PNG")
@@ -225,7 +226,8 @@ def test_a_command_without_data_loader_workers_is_told_its_resume_is_not_bit_exa
     assert "INFO inexact_resume: --max_data_loader_n_workers 0: after a resume" in text
     _findings, text = run(kohya, *argv, "--max_data_loader_n_workers", "2")
     assert "inexact_resume" not in text
-    notes = prepare([sys.executable, *argv, "--max_data_loader_n_workers", "0"], kohya, Policy().trainer_settings()).notes
+    notes = prepare([sys.executable, *argv, "--max_data_loader_n_workers", "0"], kohya,
+                    Policy().trainer_settings()).notes
     assert any("resumed run's weights differ slightly" in n for n in notes)
     notes = prepare([sys.executable, *argv], kohya, Policy().trainer_settings()).notes
     assert any("--save_every_n_epochs 1" in n for n in notes) and not any("differ slightly" in n for n in notes)

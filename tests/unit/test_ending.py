@@ -143,9 +143,11 @@ def test_two_more_steps_do_outlive_a_fatal_error() -> None:
 
 
 @pytest.mark.parametrize("line", [
-    "Killed", "  5%|▌         | 52/1000 [03:11<58:01,  3.67s/it]Killed", "./train.sh: line 14: 40211 Killed   python x.py",
+    "Killed", "  5%|▌         | 52/1000 [03:11<58:01,  3.67s/it]Killed",
+    "./train.sh: line 14: 40211 Killed   python x.py",
     "zsh: killed     python train.py",
-    "[2023-04-20 09:58:33,611] [ERROR] [launch.py:434:sigkill_handler] ['python', 'main.py'] exits with return code = -9",
+    ("[2023-04-20 09:58:33,611] [ERROR] [launch.py:434:sigkill_handler] ['python', 'main.py'] "
+     "exits with return code = -9"),
     "Process finished with exit code 137 (interrupted by signal 9: SIGKILL)",
     "torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with signal SIGKILL",
 ])
@@ -250,7 +252,8 @@ def test_trainer_and_library_wording(line: str, expected: str) -> None:
 def test_sd_scripts_own_wording_is_its_adapters_rules() -> None:
     """musubi's and sd-scripts' TOML line is read by kohya's family rules (as ``diagnose`` and a kohya
     run compose them), not by the built-in table, which knows no trainer's wording."""
-    line = ("ERROR:musubi_tuner.dataset.config_utils:Error on parsing TOML config file. Please check the format. / TOML "
+    line = ("ERROR:musubi_tuner.dataset.config_utils:Error on parsing TOML config file. "
+            "Please check the format. / TOML "
             "\\u5f62\\u5f0f\\u306e\\u8a2d\\u5b9a: E:\\lora\\dataset_config.toml")
     found = classify_text([line], KOHYA_RULES + BUILTIN_RULES)
     assert found is not None and found.fault == "config_error"
@@ -292,7 +295,8 @@ def test_the_allocator_rung_is_skipped_when_the_numbers_rule_fragmentation_out(e
     assert (rung.unfit_reason(evidence) is None) is useful
     kohya = build_plan("accelerate launch train_network.py --output_dir o".split())
     first = plan_remedy("cuda_oom", kohya, evidence).changes
-    assert first == (["set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"] if useful else ["add --gradient_checkpointing"])
+    assert first == (["set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"] if useful
+                     else ["add --gradient_checkpointing"])
     # No trainer known: the neutral ladder's next rung, in no trainer's flags.
     neutral = plan_remedy("cuda_oom", None, evidence).changes
     assert neutral == (["set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"] if useful

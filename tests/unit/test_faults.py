@@ -317,7 +317,8 @@ def test_warnings_and_known_library_noise_never_count(line: str) -> None:
         ("RuntimeError: CUDA error: no kernel image is available for execution on the device", "missing_dependency"),
         ("RuntimeError: CUDA error: invalid device ordinal", "config_error"),
         ("RuntimeError: CUDA error: misaligned address", "cuda_fatal"),
-        ("RuntimeError: Expected all tensors to be on the same device, but found at least two devices, cuda:0 and meta!",
+        (("RuntimeError: Expected all tensors to be on the same device, "
+          "but found at least two devices, cuda:0 and meta!"),
          "meta_tensor"),
         (("[rank1]:[E801] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1) ran for 600032 "
           "milliseconds before timing out."), "nccl_timeout"),
@@ -336,7 +337,8 @@ def test_specific_wording_beats_the_generic_wording_it_contains(line: str, expec
 
 
 def test_classify_text_splits_carriage_returns() -> None:
-    text = "steps:   5%|          | 1/20 [00:02<00:38, avr_loss=0.1]\rsteps:  10%|█         | 2/20 [00:04<00:36, avr_loss=nan]"
+    text = ("steps:   5%|          | 1/20 [00:02<00:38, avr_loss=0.1]"
+            "\rsteps:  10%|█         | 2/20 [00:04<00:36, avr_loss=nan]")
     verdict = classify_text([text])
     assert verdict is not None and (verdict.fault, verdict.lineno) == ("nan_loss", 2)
 
@@ -414,17 +416,22 @@ def test_user_rules_are_validated_into_fault_rules() -> None:
         (["x"], "p.yaml:3: rules[0]: expected a mapping, got str"),
         ([{"id": "a", "patterns": ["ok"]}, {"id": "b", "patterns": ["ok"]},
           {"id": "c", "patterns": ["(unclosed"]}], "p.yaml:3: rules[2].patterns[0]: invalid regex '(unclosed'"),
-        ([{"id": "a", "patterns": ["x"], "colour": 1, "pattern": "y"}], "p.yaml:3: rules[0]: unknown keys: colour, pattern"),
-        ([{"id": "cuda_oom", "patterns": ["x"]}], "p.yaml:3: rules[0].id: 'cuda_oom' is a built-in fault; set extends: true"),
+        ([{"id": "a", "patterns": ["x"], "colour": 1, "pattern": "y"}],
+         "p.yaml:3: rules[0]: unknown keys: colour, pattern"),
+        ([{"id": "cuda_oom", "patterns": ["x"]}],
+         "p.yaml:3: rules[0].id: 'cuda_oom' is a built-in fault; set extends: true"),
         ([{"id": "mine", "patterns": ["x"], "extends": True}], "p.yaml:3: rules[0].extends: 'mine' is not a built-in"),
         ([{"id": "hang", "patterns": ["x"]}], "p.yaml:3: rules[0].id: 'hang' is decided without line rules"),
         ([{"id": "Bad Id", "patterns": ["x"]}], "p.yaml:3: rules[0].id: expected lowercase letters"),
         ([{"id": "a", "patterns": []}], "p.yaml:3: rules[0].patterns: expected a non-empty list of regexes"),
         ([{"id": "a", "patterns": "x"}], "p.yaml:3: rules[0].patterns: expected a non-empty list of regexes"),
         ([{"id": "a", "patterns": ["x"], "excludes": ["[z"]}], "p.yaml:3: rules[0].excludes[0]: invalid regex '[z'"),
-        ([{"id": "a", "patterns": ["x"], "strength": "strong"}], "p.yaml:3: rules[0].strength: expected 'root' or 'weak'"),
-        ([{"id": "a", "patterns": ["x"], "restartable": "yes"}], "p.yaml:3: rules[0].restartable: expected true or false"),
-        ([{"id": "a", "patterns": ["x"]}, {"id": "a", "patterns": ["y"]}], "p.yaml:3: rules[1].id: 'a' is defined twice"),
+        ([{"id": "a", "patterns": ["x"], "strength": "strong"}],
+         "p.yaml:3: rules[0].strength: expected 'root' or 'weak'"),
+        ([{"id": "a", "patterns": ["x"], "restartable": "yes"}],
+         "p.yaml:3: rules[0].restartable: expected true or false"),
+        ([{"id": "a", "patterns": ["x"]}, {"id": "a", "patterns": ["y"]}],
+         "p.yaml:3: rules[1].id: 'a' is defined twice"),
         ([{"id": "cuda_oom", "extends": True, "patterns": ["x"], "restartable": False}],
          "p.yaml:3: rules[0]: restartable cannot be changed when extending"),
     ],

@@ -156,8 +156,10 @@ def test_the_policy_key_lease_stale_s() -> None:
         parse_policy("lease:\n  stale_s: 0\n", "p.yaml")
 
 
-@pytest.mark.parametrize(("host", "boot", "why"), [("host-a", BOOT, OTHER_HOST), ("host-b", "0f0e-earlier", EARLIER_BOOT)])
-def test_a_trainer_record_from_another_host_or_boot_is_never_signalled(tmp_path: Path, bystander: subprocess.Popen[bytes],
+@pytest.mark.parametrize(("host", "boot", "why"),
+                         [("host-a", BOOT, OTHER_HOST), ("host-b", "0f0e-earlier", EARLIER_BOOT)])
+def test_a_trainer_record_from_another_host_or_boot_is_never_signalled(tmp_path: Path,
+                                                                        bystander: subprocess.Popen[bytes],
                                                                         host: str, boot: str, why: str) -> None:
     proc = psutil.Process(bystander.pid)  # a local process that carries the recorded pid and start time
     (tmp_path / "trainer.json").write_text(json.dumps({

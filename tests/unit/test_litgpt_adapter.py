@@ -188,7 +188,8 @@ def test_the_schedule_dividing_by_zero_at_the_last_step_is_lr_schedule() -> None
                    (f"{SITE}/torch/optim/lr_scheduler.py", "_get_closed_form_lr"),
                    (f"{SITE}/torch/optim/lr_scheduler.py", "<listcomp>"))
     assert scan("Epoch 2 | iter 19 step 19 | loss train: 6.0, val: 6.1 | iter time: 15.00 ms (step)", *lines,
-                "ZeroDivisionError: float division by zero") == ("lr_schedule", "ZeroDivisionError: float division by zero")
+                "ZeroDivisionError: float division by zero") == ("lr_schedule",
+                                                                 "ZeroDivisionError: float division by zero")
 
 
 def test_a_warmup_of_zero_dividing_in_litgpts_lambda_is_lr_schedule_too() -> None:
@@ -210,7 +211,8 @@ def test_litgpt_wording_for_too_long_samples_bad_precision_and_bad_arguments() -
                 "'16-true', '32-true', 64, 32)")[0] == "config_error"
     assert scan("usage: litgpt [-h] ...", "error: Unrecognized arguments: --resume auto")[0] == "config_error"
     assert scan("checkpoint_dir '/w/checkpoints/tiny-gpt' is not a checkpoint directory.")[0] == "config_error"
-    batch = frames((f"{SITE}/litgpt/finetune/lora.py", "fit"), (f"{SITE}/litgpt/args.py", "gradient_accumulation_iters"))
+    batch = frames((f"{SITE}/litgpt/finetune/lora.py", "fit"),
+                   (f"{SITE}/litgpt/args.py", "gradient_accumulation_iters"))
     assert scan(*batch, "AssertionError")[0] == "config_error"
     assert scan("Epoch 1 | iter 3 step 3 | loss train: nan, val: n/a | iter time: 15.00 ms (step)")[0] == "nan_loss"
 
@@ -325,7 +327,8 @@ def test_progress_is_the_optimizer_step_with_the_runs_total(tmp_path: Path) -> N
     out.begin(20, 5, 2)
     p = out.progress(line(7, 3, stepped=False))
     assert p is not None and (p.step, p.total, p.loss) == (3, 20, 6.148) and p.rate == pytest.approx(25.0)
-    pretrain = "Epoch 1 | iter 8 step 2 | loss train: 9.100, val: 9.2 | iter time: 10.00 ms (step) remaining time: 0:01:02"
+    pretrain = ("Epoch 1 | iter 8 step 2 | loss train: 9.100, val: 9.2 | iter time: 10.00 ms (step) "
+                "remaining time: 0:01:02")
     assert (out.progress(pretrain) or p).step == 2
     assert out.progress("iter 10: val loss 6.1534, val time: 45.09 ms") is None
 
@@ -374,7 +377,8 @@ def test_weights_are_checked_without_torch_as_a_zip_archive(tmp_path: Path) -> N
     assert "missing" in weights_problem(tmp_path / "none.pth")
 
 
-def test_only_complete_states_this_attempt_wrote_are_claimed(tmp_path: Path, bound: tuple[Path, list[str], Journal]) -> None:
+def test_only_complete_states_this_attempt_wrote_are_claimed(tmp_path: Path,
+                                                             bound: tuple[Path, list[str], Journal]) -> None:
     run_dir, said, journal = bound
     out = tmp_path / "out"
     run = open_run(lora(out=str(out)), tmp_path)
@@ -478,8 +482,8 @@ def test_a_schedule_remedy_on_finetune_full_starts_fresh_never_from_a_state_of_t
     assert again[again.index("--out_dir") + 1] == str(run_dir / "attempt-2-out")
 
 
-def test_a_users_resume_auto_becomes_the_newest_complete_states_path_or_goes(tmp_path: Path,
-                                                                             bound: tuple[Path, list[str], Journal]) -> None:
+def test_a_users_resume_auto_becomes_the_newest_complete_states_path_or_goes(
+        tmp_path: Path, bound: tuple[Path, list[str], Journal]) -> None:
     run_dir, said, journal = bound
     out = tmp_path / "out"
     state(out, 5, "lit_model.pth")
@@ -499,8 +503,8 @@ def test_a_users_resume_auto_becomes_the_newest_complete_states_path_or_goes(tmp
     assert "--resume" not in launched(fresh, fresh.plan.copy(), 1, None, run_dir)
 
 
-def test_adapter_v2_never_restarts_into_an_out_dir_holding_adapter_files(tmp_path: Path,
-                                                                         bound: tuple[Path, list[str], Journal]) -> None:
+def test_adapter_v2_never_restarts_into_an_out_dir_holding_adapter_files(
+        tmp_path: Path, bound: tuple[Path, list[str], Journal]) -> None:
     run_dir, said, journal = bound
     run = open_run(lora("--resume", "true", sub="finetune_adapter_v2", out=str(tmp_path / "out")), tmp_path)
     bind(run, run_dir, said, journal)
@@ -560,7 +564,8 @@ def test_the_interpreter_is_the_console_scripts_shebang(tmp_path: Path) -> None:
     script.write_text(f"#!{tmp_path}/venv/bin/python\nimport sys\n")
     run = open_run([str(script), "finetune_lora", CKPT], tmp_path)
     assert run.python({"PATH": "/usr/bin"}) == f"{tmp_path}/venv/bin/python"
-    assert open_run(["/usr/bin/python3", "-m", "litgpt", "finetune_lora", CKPT], tmp_path).python({}) == "/usr/bin/python3"
+    assert open_run(["/usr/bin/python3", "-m", "litgpt", "finetune_lora", CKPT],
+                    tmp_path).python({}) == "/usr/bin/python3"
 
 
 def test_ledger_json_of_a_run_is_plain_data(tmp_path: Path, bound: tuple[Path, list[str], Journal]) -> None:
@@ -573,7 +578,8 @@ def test_ledger_json_of_a_run_is_plain_data(tmp_path: Path, bound: tuple[Path, l
 
 def test_a_resumable_run_that_would_save_no_state_gets_a_save_interval(tmp_path: Path) -> None:
     run = open_run(["litgpt", "finetune_full", CKPT, "--train.max_steps", "200"], tmp_path)
-    assert run.plan.value("train.save_interval") == "20" and any("--train.save_interval 20 added" in n for n in run.notes)
+    assert (run.plan.value("train.save_interval") == "20"
+            and any("--train.save_interval 20 added" in n for n in run.notes))
     assert open_run(["litgpt", "finetune_lora", CKPT, "--train.max_steps", "200"], tmp_path).plan.value(
         "train.save_interval") is None  # LoRA cannot resume: its states would not help
     assert open_run(lora(sub="finetune_full"), tmp_path).plan.value("train.save_interval") == "5"  # the user's

@@ -42,7 +42,8 @@ def test_a_line_of_redraws_reads_as_its_final_redraw() -> None:
     assert lines_of(b"\rx\r\n") == [(1, b"x")]  # a trailing \r (CRLF) overwrites nothing
     assert lines_of(b"one\r\ntwo\r\n\r\nthree") == [(1, b"one"), (2, b"two"), (4, b"three")]
     glued = (bars(3) + "Traceback (most recent call last):\n").encode()
-    assert lines_of(glued) == [(1, BAR.format(pct=15, n=3, loss="0.1").encode() + b"Traceback (most recent call last):")]
+    assert lines_of(glued) == [(1, BAR.format(pct=15, n=3, loss="0.1").encode()
+                                + b"Traceback (most recent call last):")]
 
 
 def test_chunk_boundaries_change_nothing() -> None:

@@ -76,7 +76,8 @@ def test_a_quoted_fenced_traceback_with_prose_around_it() -> None:
     ("[2024-11-15 10:23:44.155] [info]  Python process exited", "Python process exited"),
     ("12:01:02-123456 INFO     Executing command", "Executing command"),
     ("2024/05/01 10:00:00 ERROR: OSError: x", "OSError: x"),
-    ("\x1b[36m(RayTrainWorker pid=61407, ip=10.0.3.14)\x1b[0m   File \"/t/a.py\", line 3, in f", 'File "/t/a.py", line 3, in f'),
+    ("\x1b[36m(RayTrainWorker pid=61407, ip=10.0.3.14)\x1b[0m   File \"/t/a.py\", line 3, in f",
+     'File "/t/a.py", line 3, in f'),
     ('251: [INFO] File "C:\\fg\\train.py", line 9, in f', 'File "C:\\fg\\train.py", line 9, in f'),
     ("ERROR-prone but fine", "ERROR-prone but fine"),
     ("12:00 is not a time stamp", "12:00 is not a time stamp"),
@@ -164,7 +165,8 @@ def test_the_rule_that_matched_explains_the_diagnosis() -> None:
 
 # --- tracebacks judged by their frames -------------------------------------------------------------
 
-SAMPLING = (("/sd/flux_train_network.py", "sample_images"), ("/sd/library/flux_train_utils.py", "sample_image_inference"))
+SAMPLING = (("/sd/flux_train_network.py", "sample_images"),
+            ("/sd/library/flux_train_utils.py", "sample_image_inference"))
 
 
 @pytest.mark.parametrize(("lines", "expected"), [
@@ -298,13 +300,15 @@ def test_the_bar_tqdm_redraws_as_it_closes_does_not_outlive_the_traceback() -> N
 
 def test_a_harmless_traceback_followed_by_progress_is_no_failure() -> None:
     lines = ["A matching Triton is not available, some optimizations will not be enabled",
-             *tb(("/venv/xformers/__init__.py", "_is_triton_available")), "ModuleNotFoundError: No module named 'triton'",
+             *tb(("/venv/xformers/__init__.py", "_is_triton_available")),
+             "ModuleNotFoundError: No module named 'triton'",
              "caching: 100%|██████████| 24/24 [00:09<00:00,  2.61it/s]"]
     scan = scan_log(_bytes(lines))
     assert scan.verdict is None and not scan.failed
 
 
-FP8_LORA = "ERROR lora diffusion_model.single_blocks.{}.linear1.weight \"addmm_cuda\" not implemented for 'Float8_e4m3fn'"
+FP8_LORA = ("ERROR lora diffusion_model.single_blocks.{}.linear1.weight "
+            "\"addmm_cuda\" not implemented for 'Float8_e4m3fn'")
 
 
 def _sampler(step: int, total: int = 20, prefix: str = "") -> str:
@@ -314,7 +318,8 @@ def _sampler(step: int, total: int = 20, prefix: str = "") -> str:
 def test_evidence_a_sampler_bar_went_on_past_did_not_end_the_run() -> None:
     # (issue 22, held-out set) ComfyUI logs a failed LoRA patch and samples on to the end
     errors = [FP8_LORA.format(n) for n in range(30, 33)]
-    went_on = [_sampler(0) + errors[0], *errors[1:], _sampler(7), _sampler(14), _sampler(20), "Prompt executed in 88.41 seconds"]
+    went_on = [_sampler(0) + errors[0], *errors[1:], _sampler(7), _sampler(14), _sampler(20),
+               "Prompt executed in 88.41 seconds"]
     assert fault(went_on) is None
     assert fault(went_on[:4]) == "fp8_op_unsupported"  # one step on is not yet the run going on
     scan = scan_log(io.BytesIO(("\r" + _sampler(0) + errors[0] + "\n" + "\n".join(errors[1:]) + "\n"

@@ -150,7 +150,8 @@ def test_a_project_already_queued_or_running_is_refused_naming_its_entry(tmp_pat
     with store.locked():
         store.update("q1", state="running")
     with pytest.raises(DuplicateEntry, match=r"lora-copy.yaml: already in the queue as q1 \(running; project lora, "
-                                             r"same run dir .*out-lora/.trainsup\); stop it first \(trainsup stop q1\)"):
+                                             r"same run dir .*out-lora/.trainsup\); "
+                                             r"stop it first \(trainsup stop q1\)"):
         store.add(same_run_dir)
     other_folder = _project(tmp_path / "elsewhere", "lora")  # the same name is another project
     assert store.add(other_folder).id == "q2"

@@ -101,7 +101,8 @@ def test_the_list_says_when_each_entry_started_ended_and_how_long_it_took(tmp_pa
     out = io.StringIO()
     run_queue("list", state=state, env={}, out=out, err=io.StringIO(), as_json=True)
     listed = {e["id"]: e for e in json.loads(out.getvalue())}
-    assert listed["q1"]["duration_s"] == 125.0 and listed["q1"]["started"] == 1000.0 and listed["q3"]["duration_s"] is None
+    assert (listed["q1"]["duration_s"] == 125.0 and listed["q1"]["started"] == 1000.0
+            and listed["q3"]["duration_s"] is None)
 
 
 def test_a_stopped_entrys_reason_is_the_stop_not_an_earlier_faults_line(tmp_path: Path) -> None:

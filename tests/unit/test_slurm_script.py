@@ -185,4 +185,5 @@ def test_other_verbs_still_refuse_unknown_arguments() -> None:
     done = subprocess.run([sys.executable, "-m", "trainsup.cli", "status", "--bogus"], capture_output=True,
                           text=True, check=False)
     # the verb's own usage and name
-    assert done.returncode == 2 and done.stderr.splitlines()[-1] == "trainsup status: error: unrecognized arguments: --bogus"
+    assert (done.returncode == 2
+            and done.stderr.splitlines()[-1] == "trainsup status: error: unrecognized arguments: --bogus")

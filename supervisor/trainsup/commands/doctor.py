@@ -153,7 +153,8 @@ def _gpus(make_probe: Callable[[], gpu.GpuProbe], env: Mapping[str, str]) -> lis
                             f"{format_size(p.used_bytes) if p.used_bytes is not None else 'unknown'}"
                             for p in d.processes[:5])
             out.append(Finding("warning", "gpu_busy", f"GPU {d.index}: {len(d.processes)} other process(es) hold "
-                               f"{format_size(held)}: {who}", "stop them, or pick a free GPU with CUDA_VISIBLE_DEVICES"))
+                               f"{format_size(held)}: {who}",
+                               "stop them, or pick a free GPU with CUDA_VISIBLE_DEVICES"))
     return out
 
 

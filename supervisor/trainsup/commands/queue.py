@@ -94,7 +94,8 @@ def run_queue(verb: str, *, state: Path | None, env: Mapping[str, str], out: Tex
             return EXIT_OK
         if verb in ("pause", "resume"):
             store.set_paused(verb == "pause")
-            print(f"trainsup queue: {'paused: running entries finish, nothing new starts' if verb == 'pause' else 'resumed'}",
+            print("trainsup queue: "
+                  f"{'paused: running entries finish, nothing new starts' if verb == 'pause' else 'resumed'}",
                   file=err)
             _wake(store, err)
             return EXIT_OK
@@ -167,7 +168,8 @@ def queue_text(store: QueueStore, entries: Sequence[Entry], now: float | None = 
                      "" if e.exit_code is None else str(e.exit_code), reason])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
-        lines.append(("  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=False)) + "  " + r[-1]).rstrip())
+        lines.append(("  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=False))
+                      + "  " + r[-1]).rstrip())
     return "\n".join(lines)
 
 

@@ -81,7 +81,8 @@ def build_parser(flux: bool) -> argparse.ArgumentParser:
                         help="generate samples every N epochs (overwrites n_steps)")
     _flag(parser, "sample_at_first", "generate sample images before training")
     # config
-    parser.add_argument("--config_file", type=str, default=None, help="using .toml instead of args to pass hyperparameter")
+    parser.add_argument("--config_file", type=str, default=None,
+                        help="using .toml instead of args to pass hyperparameter")
     if flux:
         _flag(parser, "cache_text_encoder_outputs", "cache outputs of text encoders")
         _flag(parser, "cache_text_encoder_outputs_to_disk", "cache outputs of text encoders to disk")

@@ -109,7 +109,8 @@ def _initial_step(args: argparse.Namespace, steps_from_state: int | None) -> int
         initial_step = steps_from_state
     if initial_step > 0:
         assert args.max_train_steps > initial_step, (
-            "max_train_steps should be greater than initial step / max_train_stepsは初期ステップより大きい必要があります:"
+            "max_train_steps should be greater than initial step / "
+            "max_train_stepsは初期ステップより大きい必要があります:"
             f" {args.max_train_steps} vs {initial_step}"
         )
     return initial_step

@@ -26,7 +26,8 @@ ENV_STEP_SECONDS = "TRAINSUP_DEMO_STEP_SECONDS"
 ENV_SAMPLE_SECONDS = "TRAINSUP_DEMO_SAMPLE_SECONDS"
 ENV_SAVE_SECONDS = "TRAINSUP_DEMO_SAVE_SECONDS"
 
-DEVICE_MISMATCH_MESSAGE = "Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!"
+DEVICE_MISMATCH_MESSAGE = ("Expected all tensors to be on the same device, "
+                           "but found at least two devices, cuda:0 and cpu!")
 # torch >= 2.4 wording (torch.OutOfMemoryError, expandable_segments hint). Fragmented on purpose: the
 # memory reserved but unallocated with the free memory would hold the request, so the OOM ladder's
 # first rung (the allocator setting) is worth an attempt, as the demo shows it.
@@ -75,7 +76,8 @@ def from_env() -> Simulation:
 
 
 def _announce(what: str) -> None:
-    sys.stderr.write(f"[demo] SIMULATED {what}: a CPU-only machine cannot produce it; raising the message torch prints\n")
+    sys.stderr.write(f"[demo] SIMULATED {what}: a CPU-only machine cannot produce it; "
+                     "raising the message torch prints\n")
     sys.stderr.flush()
 
 

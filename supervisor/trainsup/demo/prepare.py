@@ -77,7 +77,8 @@ def _load_model(args: argparse.Namespace, arch: Arch) -> BaseModel:
     if args.fp8_base:
         assert (
             args.mixed_precision != "no"
-        ), "fp8_base requires mixed precision='fp16' or 'bf16' / fp8を使う場合はmixed_precision='fp16'または'bf16'が必要です。"
+        ), ("fp8_base requires mixed precision='fp16' or 'bf16' / "
+            "fp8を使う場合はmixed_precision='fp16'または'bf16'が必要です。")
         print("enable fp8 training for U-Net.")
         logger.info(f"set U-Net weight dtype to {torch.float8_e4m3fn}")
         model.unet.to(dtype=torch.float8_e4m3fn)

@@ -136,7 +136,8 @@ class Row:
         for g in self.view.gpu:
             used, total = g.get("used_mib"), g.get("total_mib")
             if isinstance(used, (int, float)):
-                shown = format_size(used * MIB) + (f" / {format_size(total * MIB)}" if isinstance(total, (int, float)) else "")
+                shown = format_size(used * MIB) + (f" / {format_size(total * MIB)}"
+                                                   if isinstance(total, (int, float)) else "")
                 parts.append(f"gpu{g.get('index')} {shown}")
         return ", ".join(parts) or "–"
 
