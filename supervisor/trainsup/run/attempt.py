@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..faults.scanner import Evidence, ExitInfo, FaultScanner, classify_exit
+from ..record import journalkinds as kinds
 from ..record.journal import Journal
 from ..sensors import stacks
 from ..sensors.hang import HangClock, HangPolicy
@@ -250,6 +251,6 @@ def take_hang_stacks(number: int, pid: int, idle_s: float, clock: HangClock, ste
     text, taken, error = stacks.hang_report(pid, idle_s, clock, step, gpu, path)
     if error:
         say(f"warning: cannot write {path}: {error}")
-    journal.event("hang_stacks", path=str(path), processes=len(taken),
+    journal.event(kinds.HANG_STACKS, path=str(path), processes=len(taken),
                   py_spy=all(s.innermost is not None for s in taken), attempt=attempt)
     return Evidence("hang", text, obs.lines, "root")

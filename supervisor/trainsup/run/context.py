@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..record import journalkinds as kinds
 from ..record.journal import Journal, JournalListener
 from ..record.ledger import Ledger
 from ..sensors.watch import FileWatcher
@@ -121,14 +122,14 @@ def open_run(spec: RunSpec, policy: Policy, t: TrainerRun, listeners: Sequence[J
 def _journal_start(ctx: RunContext, policy: Policy) -> None:
     spec, t, home, journal = ctx.spec, ctx.trainer, ctx.home, ctx.journal
     project = spec.project.name if spec.project else t.label or ctx.run_dir.name
-    journal.event("run_start", argv=list(spec.argv), run_dir=str(ctx.run_dir), policy=policy.source,
+    journal.event(kinds.RUN_START, argv=list(spec.argv), run_dir=str(ctx.run_dir), policy=policy.source,
                   project=project, trainer=t.family, samples=t.samples_record())
     ctx.status(trainer=t.family)
     separate = home.choice.note(home.identity) if home.choice is not None else None
     if separate is not None:
         say(separate)
-        journal.event("run_separate", note=separate,
+        journal.event(kinds.RUN_SEPARATE, note=separate,
                       others=[str(o.run_dir) for o in home.choice.others] if home.choice else [])
     for note in t.notes:
         say(note)
-        journal.event("plan_adjusted", note=note)
+        journal.event(kinds.PLAN_ADJUSTED, note=note)

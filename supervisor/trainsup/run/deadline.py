@@ -30,6 +30,7 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..record import journalkinds as kinds
 from ..record.journal import Journal, read_events
 from ..record.ledger import StateRecord
 from ..trainers.base import StateStore
@@ -95,7 +96,7 @@ class Deadline:
         trainer_signal: int = signal.SIGTERM
         if self.wait_until is None:
             choice, due, latest = self.choose(now)
-            journal.event("deadline", signal=name, lead_s=self.policy.lead_s, save_interval_s=_r(self.interval),
+            journal.event(kinds.DEADLINE, signal=name, lead_s=self.policy.lead_s, save_interval_s=_r(self.interval),
                           next_save_in_s=_r(None if due is None else due - now), stop_by_s=_r(latest - now),
                           wait_for_save=choice == "wait_for_save", choice=choice,
                           save_signal=None if self.save_signal is None else signal.Signals(self.save_signal).name)
@@ -154,22 +155,22 @@ class Deadline:
         why = f"stopped at the deadline ({self.signum.name})"
         if not job or not self.policy.requeue:
             not_why = "not in a Slurm job (no SLURM_JOB_ID)" if not job else "slurm.requeue is off"
-            journal.event("not_requeued", reason=not_why, state_step=step)
+            journal.event(kinds.NOT_REQUEUED, reason=not_why, state_step=step)
             return Decision(kind="signal", exit_code=code, reason=f"{why}; {not_why}: not requeued")
         streak = requeues_without_progress(read_events(journal.run_dir), step)
         if streak >= self.policy.requeue_budget:
-            journal.event("requeue_budget_spent", job_id=job, restart_count=restarts, requeues=streak,
+            journal.event(kinds.REQUEUE_BUDGET_SPENT, job_id=job, restart_count=restarts, requeues=streak,
                           budget=self.policy.requeue_budget, state_step=step)
             return Decision(kind="give_up", exit_code=EXIT_GAVE_UP,
                             reason=f"{why}; {streak} requeue(s) in a row without a new complete state "
                             f"(slurm.requeue_budget {self.policy.requeue_budget}): not requeued again")
         problem = requeue(job)
         if problem is not None:
-            journal.event("requeue_failed", job_id=job, error=problem, state_step=step)
+            journal.event(kinds.REQUEUE_FAILED, job_id=job, error=problem, state_step=step)
             say(f"error: scontrol requeue {job} failed: {problem}")
             return Decision(kind="signal", exit_code=code,
                             reason=f"{why}; scontrol requeue {job} failed: {problem}")
-        journal.event("requeued", job_id=job, restart_count=restarts, state_step=step, streak=streak + 1)
+        journal.event(kinds.REQUEUED, job_id=job, restart_count=restarts, state_step=step, streak=streak + 1)
         return Decision(kind="signal", exit_code=code, reason=f"{why}; job {job} requeued")
 
 
@@ -177,7 +178,7 @@ def requeues_without_progress(events: list[dict[str, Any]], step: int | None) ->
     """How many of the journal's last requeues left ``step`` as the newest complete state."""
     streak = 0
     for event in reversed(events):
-        if event.get("event") != "requeued":
+        if event.get("event") != kinds.REQUEUED:
             continue
         if event.get("state_step") != step:
             break

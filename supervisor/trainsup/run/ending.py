@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 
+from ..record import journalkinds as kinds
 from ..record.textfmt import shown_path
 from . import trainedwith
 from .context import RunContext, say
@@ -31,13 +32,13 @@ def end_run(ctx: RunContext, decision: Decision, deadline: Deadline, stop_signal
     trained_with = trainedwith.conclude(ctx.run_dir, decision.kind, say)  # what remedies changed
     if decision.kind == "finish":
         final = ctx.points.publish_final()
-        ctx.journal.event("finished", reason=decision.reason, final_weights=final, attempt=attempt,
+        ctx.journal.event(kinds.FINISHED, reason=decision.reason, final_weights=final, attempt=attempt,
                           trained_with=trained_with)
         state = RunState.FINISHED
         say(f"training finished: the final weights are {shown_path(final)}" if final else
             "training finished (the trainer wrote no final weights trainsup knows of)")
     else:
-        ctx.journal.event("gave_up", reason=decision.reason, exit_code=code, attempt=attempt,
+        ctx.journal.event(kinds.GAVE_UP, reason=decision.reason, exit_code=code, attempt=attempt,
                           trained_with=trained_with)
         state = RunState.GAVE_UP if decision.kind == "give_up" else RunState.STOPPED
         say(end_sentence(state.value, code, decision.reason))
@@ -51,7 +52,7 @@ def end_run(ctx: RunContext, decision: Decision, deadline: Deadline, stop_signal
 def hand_over(ctx: RunContext, attempt: int) -> dict[str, str]:
     """The project's command was edited: the records closed for a new supervisor on the edited file,
     which the CLI execs with the environment returned (``reexec``)."""
-    ctx.journal.event("supervisor_restart", reason="the project's command changed", attempt=attempt)
+    ctx.journal.event(kinds.SUPERVISOR_RESTART, reason="the project's command changed", attempt=attempt)
     say("the project's command changed: restarting trainsup on the edited file")
     ctx.close()
     # The lock stays held (never a moment without a supervisor), and the run dir stays this run's.

@@ -18,6 +18,7 @@ from pathlib import Path
 from ..faults.rules import BUILTIN_RULES
 from ..faults.scanner import FaultScanner
 from ..faults.userrules import compose_rules
+from ..record import journalkinds as kinds
 from ..record.journal import JournalListener
 from ..record.progress import ProgressLog
 from ..record.runindex import Registrar
@@ -49,8 +50,7 @@ class Supervisor:
                  gpu_probe: Callable[[], gpu.GpuProbe] = gpu.probe,
                  notify_env: Mapping[str, str] = os.environ, listeners: Sequence[JournalListener] = ()) -> None:
         self.spec, self.policy, self.clock, self.spawn, self.gpu_probe = spec, policy, clock, spawn, gpu_probe
-        # hear the journal: notifications, metrics, the curve, the box's index of runs (status, the page)
-        self.listeners = (*listeners, ProgressLog(), Registrar())
+        self.listeners = (*listeners, ProgressLog(), Registrar())  # hear the journal: notices, the curve, the index
         self.notifier = Notifier(notify_env, clock)  # systemd's Type=notify; inert outside systemd
         self.reexec_env: dict[str, str] | None = None  # set: the CLI execs a new supervisor with this env
         self.events = ev.new_queue()
@@ -128,7 +128,7 @@ class Supervisor:
                           stops_at_once(self.rules), functools.partial(t.ladder, plan=self.plan))
         record(self.history, outcome, decision, self.clock())
         for index, rung in decision.skipped:
-            self.ctx.journal.event("remedy_skipped", **{"class": outcome.fault}, rung=index,
+            self.ctx.journal.event(kinds.REMEDY_SKIPPED, **{"class": outcome.fault}, rung=index,
                                    actions=rung.describe(), trainer=t.family,
                                    reason=rung.unfit_reason(outcome.evidence) or "means nothing for this command")
         if decision.kind != "restart":

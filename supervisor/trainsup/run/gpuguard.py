@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..record import journalkinds as kinds
 from ..record.journal import Journal
 from ..sensors.gpu import GpuDevice, GpuProbe
 from ..sensors.gpuwatch import DeviceSample, GpuPolicy, GpuSampler, take_sample, visible_devices
@@ -35,7 +36,7 @@ class GpuGuard:
         self.last: GpuSampler | None = None  # the ended attempt's sampler: its peaks and pids
         self.baseline: list[DeviceSample] | None = None
         if not probe.available:
-            self.journal.event("info", message=f"GPU monitoring off: {probe.reason}")
+            self.journal.event(kinds.INFO, message=f"GPU monitoring off: {probe.reason}")
             self.journal.status(gpu=None)
             self.say(f"GPU monitoring off: {probe.reason}")
             return
@@ -115,7 +116,7 @@ class GpuGuard:
             if self.wait(min(self.policy.poll_s, self.policy.reclaim_timeout_s - waited)):
                 return True
         reclaimed = not left
-        self.journal.event("gpu_reclaim", attempt=attempt, waited_s=round(waited, 3), reclaimed=reclaimed,
+        self.journal.event(kinds.GPU_RECLAIM, attempt=attempt, waited_s=round(waited, 3), reclaimed=reclaimed,
                            still_held=left or None)
         if not reclaimed:
             self.say(f"warning: GPU memory of the last attempt not reclaimed after {waited:.0f} s "
@@ -158,7 +159,7 @@ class GpuGuard:
                 return True
             left = self._big_foreign(self._read(set()))
         waited = self.clock() - started
-        self.journal.event("gpu_foreign", attempt=attempt, processes=seen, waited_s=round(waited, 3),
+        self.journal.event(kinds.GPU_FOREIGN, attempt=attempt, processes=seen, waited_s=round(waited, 3),
                            still_there=left if wait else None)
         if wait:
             self.say(f"warning: after {waited:.0f} s other programs still hold memory on the trainer's GPUs; "

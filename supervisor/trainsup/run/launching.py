@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 
+from ..record import journalkinds as kinds
 from ..record.ledger import StateRecord
 from ..record.textfmt import shown_path
 from ..trainers.base import Plan
@@ -37,7 +38,7 @@ def prepare_launch(ctx: RunContext, plan: Plan, policy: Policy, live: LiveContro
     reactions.begin(attempt, resume_step)
     env = {k: v for k, v in {**CHILD_ENV_DEFAULTS, **spec.env, **launched.env}.items()  # the user's win
            if k not in SUPERVISOR_ONLY_ENV}
-    ctx.journal.event("attempt_start", attempt=attempt, argv=argv, resume_from=resume.dir if resume else None,
+    ctx.journal.event(kinds.ATTEMPT_START, attempt=attempt, argv=argv, resume_from=resume.dir if resume else None,
                       resume_step=resume_step, env=dict(launched.env))
     say(f"attempt {attempt} starts from step {resume_step} ({shown_path(resume.dir)})" if resume else
         f"attempt {attempt} starts from the beginning")

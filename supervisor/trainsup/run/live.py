@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
+from ..record import journalkinds as kinds
 from ..record.journal import Journal
 from ..record.textfmt import shown_path
 from ..sensors.watch import FileWatcher
@@ -45,7 +46,7 @@ class LiveControl:
         self.edits.launched(attempt)
 
     def on_change(self, path: Path, kind: str, plan: Plan) -> Action:
-        self.journal.event("file_changed", path=str(path), kind=kind)
+        self.journal.event(kinds.FILE_CHANGED, path=str(path), kind=kind)
         if path != self.policy_path:
             return self.trainer.inputs.on_change(path, kind, plan)
         if kind == "deleted":

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..record import journalkinds as kinds
 from ..record.journal import Journal
 from ..record.lease import HERE, OTHER_HOST, Identity, Lease, LeaseKeeper, local_identity, origin, read_lease
 from ..record.runlock import LockHeld, RunLock, holder
@@ -48,7 +49,7 @@ class Ownership:
         where = origin(asdict(old), self.me)
         why = {OTHER_HOST: f"not renewed for {self.replaced_age_s:.0f} s (lease.stale_s {self.lease.stale_s:g})",
                HERE: "its supervisor is dead (the lock was free)"}.get(where, "this host rebooted since")
-        journal.event("lease_taken_over", host=old.host, boot_id=old.boot_id, pid=old.pid,
+        journal.event(kinds.LEASE_TAKEN_OVER, host=old.host, boot_id=old.boot_id, pid=old.pid,
                       age_s=round(self.replaced_age_s, 3), origin=where, reason=why)
         say(f"taking the run over from the supervisor on host {old.host} (pid {old.pid}): {why}")
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from ..faults.classes import fault_class
 from ..faults.progress import Progress
 from ..faults.scanner import Evidence
+from ..record import journalkinds as kinds
 from ..record.textfmt import shown_path
 from ..sensors.hang import HangClock
 from ..sensors.oomkills import NOT_FOR_MEMORY, killed_for_memory, oom_kills
@@ -82,7 +83,7 @@ class Reactions:
 
     def evidence(self, evidence: Evidence) -> None:
         """A live fault's line, journaled as it comes (the attempt stops the child)."""
-        self.ctx.journal.event("fault_live", **{"class": evidence.fault}, evidence=evidence.line,
+        self.ctx.journal.event(kinds.FAULT_LIVE, **{"class": evidence.fault}, evidence=evidence.line,
                                line=evidence.lineno, attempt=self.attempt_no)
 
     def hang(self, pid: int, idle_s: float, clock: HangClock, obs: Observations) -> Evidence:
@@ -98,7 +99,7 @@ class Reactions:
             record_trainer(self.ctx.run_dir, self.child_pid, self.attempt_no)  # the training child exists by now
         notice = self.ctx.trainer.on_summary(obs.summary)
         if notice is not None:
-            self.ctx.journal.event("warning", attempt=self.attempt_no, **notice.fields, message=notice.message)
+            self.ctx.journal.event(kinds.WARNING, attempt=self.attempt_no, **notice.fields, message=notice.message)
             say(notice.console)
 
     def state_done(self, path: str | None, obs: Observations | None) -> None:
@@ -139,7 +140,7 @@ class Reactions:
         self.nan_abs_step = None if r.nan_progress_step is None else self.absolute(r.nan_progress_step)
         if self.nan_abs_step is not None:
             points.mark_tainted(self.nan_abs_step)  # saved at or after the NaN: never a resume point
-        ctx.journal.event("attempt_end", attempt=attempt, exit_code=r.exit_code, signal=r.signal,
+        ctx.journal.event(kinds.ATTEMPT_END, attempt=attempt, exit_code=r.exit_code, signal=r.signal,
                           child_status=r.obs.child_status, child_signal=r.obs.child_signal,
                           uptime_s=round(r.uptime_s, 3), steps_trained=trained,
                           step=self.resume_step + trained, skipped_lines=r.obs.skipped_lines, gpu=peaks,
@@ -148,7 +149,7 @@ class Reactions:
         foreign_mib = self._journal_fault(r)
         same = fault_class(r.fault).memory == "host" and killed_for_memory(self.oom_kills_at_launch, oom_kills()) is False
         if same:  # killed, but not for memory: nothing to remedy
-            ctx.journal.event("info", attempt=attempt, message=NOT_FOR_MEMORY)
+            ctx.journal.event(kinds.INFO, attempt=attempt, message=NOT_FOR_MEMORY)
             say(NOT_FOR_MEMORY)
         ev = r.evidence
         return Outcome(attempt=attempt, exit_code=r.exit_code, signal=r.signal, child_status=r.obs.child_status,
@@ -163,7 +164,7 @@ class Reactions:
         gpu_at_oom, foreign_mib = ctx.gpu.oom_details() if fault_class(r.fault).memory == "gpu" and ctx.gpu \
             else (None, 0)
         if r.fault is not None:
-            ctx.journal.event("fault", **{"class": r.fault}, evidence=ev.line if ev else None,
+            ctx.journal.event(kinds.FAULT, **{"class": r.fault}, evidence=ev.line if ev else None,
                               line=ev.lineno if ev else None, attempt=attempt,
                               **({"gpu": gpu_at_oom} if gpu_at_oom is not None else {}))
             say(fault_sentence(attempt, r, ev, ctx.run_dir / f"attempt-{attempt}.log"))

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..record import journalkinds as kinds
 from ..record.journal import Journal
 from ..trainers.base import Plan, TrainerRun
 from ..trainers.interpreter import run_upgrade, upgrade_command
@@ -53,7 +54,7 @@ class Remedier:
             change = self.trainer.apply(new, action, outcome.evidence)
             if change is not None:
                 done.append(change)
-        self.journal.event("remedy", **{"class": outcome.fault}, rung=decision.rung_index, actions=done,
+        self.journal.event(kinds.REMEDY, **{"class": outcome.fault}, rung=decision.rung_index, actions=done,
                            delay_s=round(decision.delay_s, 3))
         self.say(remedy_sentence(outcome.fault or "unknown", decision.rung_index, done, attempt + 1, decision.delay_s))
         return Remedied(new, None, wait_foreign)
@@ -69,7 +70,7 @@ class Remedier:
                             f"is too old and the policy forbids upgrades; run: {command}")
         self.say(f"upgrading the trainer's serializer (environment.allow_upgrade=true): {command}")
         rc = run_upgrade(python, spec, self.run_dir / f"upgrade-{attempt}.log")
-        self.journal.event("environment_upgrade", python=python, spec=spec, exit_code=rc)
+        self.journal.event(kinds.ENVIRONMENT_UPGRADE, python=python, spec=spec, exit_code=rc)
         if rc != 0:
             return Decision(kind="stop", exit_code=EXIT_STOPPED,
                             reason=f"fp8_serializer: `{command}` failed (exit {rc})")

@@ -37,6 +37,7 @@ from typing import Any
 
 import psutil
 
+from ..record import journalkinds as kinds
 from ..record.fsutil import atomic_write_text
 from ..record.journal import Journal, read_events
 from ..record.journalkinds import END_EVENTS
@@ -118,7 +119,7 @@ def take_over(run_dir: Path, journal: Journal, say: Callable[[str], None], grace
     unrecorded = previous_end_unrecorded(run_dir, journal.opened_size)
     recover_lost_run(run_dir, journal, say, grace_s, me)
     if unrecorded is not None:
-        journal.event("previous_end_unrecorded", **unrecorded)
+        journal.event(kinds.PREVIOUS_END_UNRECORDED, **unrecorded)
         say(_unrecorded_line(unrecorded))
     ledger = run_dir / "ledger.json"
     finished = unrecorded is not None and unrecorded.get("status_state") == "finished"  # status.json said it
@@ -134,7 +135,7 @@ def _previous_run_finished(run_dir: Path) -> bool:
     ended = None
     try:
         for event in read_events(run_dir):
-            if event.get("event") in ("run_start", "finished"):
+            if event.get("event") in (kinds.RUN_START, kinds.FINISHED):
                 ended = event["event"]
     except (OSError, ValueError):
         return False
@@ -148,7 +149,7 @@ def previous_end_unrecorded(run_dir: Path, upto: int | None = None) -> dict[str,
         events = read_events(run_dir, upto)
     except OSError:
         return None
-    starts = [i for i, e in enumerate(events) if e.get("event") == "run_start"]
+    starts = [i for i, e in enumerate(events) if e.get("event") == kinds.RUN_START]
     if not starts:
         return None
     stretch = events[starts[-1]:]
@@ -157,8 +158,8 @@ def previous_end_unrecorded(run_dir: Path, upto: int | None = None) -> dict[str,
     last = stretch[-1]
     known: dict[str, Any] = {"started": stretch[0].get("ts"), "last_event": last.get("event"),
                              "last_ts": last.get("ts")}
-    attempts = [e.get("attempt") for e in stretch if e.get("event") == "attempt_start"]
-    faults = [e.get("class") for e in stretch if e.get("event") == "fault"]
+    attempts = [e.get("attempt") for e in stretch if e.get("event") == kinds.ATTEMPT_START]
+    faults = [e.get("class") for e in stretch if e.get("event") == kinds.FAULT]
     if attempts:
         known["attempt"] = attempts[-1]
     if faults:
@@ -217,10 +218,10 @@ def recover_lost_run(run_dir: Path, journal: Journal, say: Callable[[str], None]
             "stopping it before anything else")
         started = time.monotonic()
         _stop(survivors, grace_s)
-        journal.event("orphan_stopped", pids=pids, attempt=(record or {}).get("attempt"),
+        journal.event(kinds.ORPHAN_STOPPED, pids=pids, attempt=(record or {}).get("attempt"),
                       seconds=round(time.monotonic() - started, 3))
     if lost is not None:
-        journal.event("attempt_end", attempt=lost, supervisor_lost=True, exit_code=None, signal=None)
+        journal.event(kinds.ATTEMPT_END, attempt=lost, supervisor_lost=True, exit_code=None, signal=None)
         say(f"attempt {lost} lost its supervisor; resuming from the newest complete state")
     forget_trainer(run_dir)
     return lost
@@ -235,7 +236,7 @@ def _not_signalled(record: dict[str, Any], where: str, journal: Journal, say: Ca
     else:
         say(f"the lost trainer was recorded on host {host} (pids {', '.join(map(str, pids)) or 'none'}): "
             "pids there mean nothing here; not signalling them (that host's trainer is that host's to stop)")
-    journal.event("orphan_not_signalled", host=host, boot_id=record.get("boot_id"), pids=pids, why=where,
+    journal.event(kinds.ORPHAN_NOT_SIGNALLED, host=host, boot_id=record.get("boot_id"), pids=pids, why=where,
                   attempt=record.get("attempt"))
 
 
@@ -247,8 +248,8 @@ def _unended_attempt(run_dir: Path) -> int | None:
         return None  # a torn last line: the record above still covers the processes
     started: int | None = None
     for event in events:
-        if event.get("event") == "attempt_start":
+        if event.get("event") == kinds.ATTEMPT_START:
             started = event.get("attempt")
-        elif event.get("event") == "attempt_end" and event.get("attempt") == started:
+        elif event.get("event") == kinds.ATTEMPT_END and event.get("attempt") == started:
             started = None
     return started
