@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from trainsup.adapters.kohya.prepare import prepare
-from trainsup.trainers.sthead import HeaderError, float8_dtypes, load_header, read_header
 from trainsup.commands.doctor import doctor, format_text
 from trainsup.run.policy import Policy
 from trainsup.sensors import gpu
 from trainsup.trainers.interpreter import Probe, at_least, parse_version
+from trainsup.trainers.sthead import HeaderError, float8_dtypes, load_header, read_header
 
 GIB = 1 << 30
 
