@@ -108,7 +108,8 @@ def decide(history: History, outcome: Outcome, policy: Policy, now: float,
 
     spot = hang_spot(outcome.evidence) if fault_class(fault).repeats_at_same_spot else None
     if spot is not None and any(o.fault == fault and hang_spot(o.evidence) == spot for o in history.outcomes):
-        return Decision(kind="stop", exit_code=EXIT_STOPPED, reason=f"{fault}: it hung again {spot}; a restart will not get past it "
+        return Decision(kind="stop", exit_code=EXIT_STOPPED,
+                        reason=f"{fault}: it hung again {spot}; a restart will not get past it "
                         "(the stacks are in the run dir's hang-N.txt)")
 
     recent = [t for t in history.restarts_at if now - t < policy.restart_window_s]
@@ -117,7 +118,8 @@ def decide(history: History, outcome: Outcome, policy: Policy, now: float,
                         reason=f"restart budget exhausted: {len(recent)} restarts within "
                         f"{policy.restart_window_s:g} s (restart.max={policy.restart_max}); last fault {fault}")
 
-    if fault_class(fault).memory == "gpu" and outcome.foreign_mib >= policy.gpu.foreign_warn_mib and not history.waited_foreign:
+    if (fault_class(fault).memory == "gpu" and outcome.foreign_mib >= policy.gpu.foreign_warn_mib
+            and not history.waited_foreign):
         # Out of memory while other programs held some of it: not this command's fault, maybe.
         index, rung = history.next_rung.get(fault, 0), WAIT_FOREIGN
         skipped: tuple[tuple[int, Rung], ...] = ()

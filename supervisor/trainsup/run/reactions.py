@@ -147,7 +147,8 @@ class Reactions:
                           planned_stop="run_complete" if r.completed else "relaunch" if r.stopped_for_change
                           else None)  # trainsup stopped it on purpose: its signal is no fault
         foreign_mib = self._journal_fault(r)
-        same = fault_class(r.fault).memory == "host" and killed_for_memory(self.oom_kills_at_launch, oom_kills()) is False
+        same = (fault_class(r.fault).memory == "host"
+                and killed_for_memory(self.oom_kills_at_launch, oom_kills()) is False)
         if same:  # killed, but not for memory: nothing to remedy
             ctx.journal.event(kinds.INFO, attempt=attempt, message=NOT_FOR_MEMORY)
             say(NOT_FOR_MEMORY)
