@@ -89,8 +89,9 @@ def test_trainsups_line_never_runs_onto_the_trainers(tmp_path: Path) -> None:
     console.echo(fd, b"\n")
     console.say("trainsup: training finished")
     err.close()
-    assert (tmp_path / "console").read_bytes().decode() == ("steps:  50%|#####     | 5/10\ntrainsup: step 5 is saved (out/x-state)\n"
-                                                              "\rsteps:  60%|######    | 6/10\ntrainsup: training finished\n")
+    assert (tmp_path / "console").read_bytes().decode() == (
+        "steps:  50%|#####     | 5/10\ntrainsup: step 5 is saved (out/x-state)\n"
+        "\rsteps:  60%|######    | 6/10\ntrainsup: training finished\n")
     buffer = io.StringIO()  # no descriptor (a test's capture): said as it is
     Console(err=lambda: buffer).say("trainsup: hello")
     assert buffer.getvalue() == "trainsup: hello\n"
@@ -157,7 +158,8 @@ def test_the_pages_timeline_says_an_end_in_the_same_words_and_a_skipped_rung_who
         {"event": "gave_up", "reason": "restart budget spent", "exit_code": 3, "ts": 4.0},
         {"event": "gave_up", "reason": "config_error: no such file", "exit_code": 4, "ts": 5.0}])
     assert [i.text for i in items] == [
-        "remedy skipped for cuda_oom: set PYTORCH_CUDA_ALLOC_CONF=x", "remedy for cuda_oom: add --gradient_checkpointing",
+        "remedy skipped for cuda_oom: set PYTORCH_CUDA_ALLOC_CONF=x",
+        "remedy for cuda_oom: add --gradient_checkpointing",
         "stopped by SIGTERM", "failed: restart budget spent", "failed: config_error: no such file"]
 
 

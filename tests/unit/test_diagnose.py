@@ -101,7 +101,8 @@ def test_text_output_of_a_clean_a_failed_and_an_unknown_log() -> None:
     unknown = diagnose_scan("u.log", scan_log(io.BytesIO(b"Traceback (most recent call last):\nValueError: x\n")))
     assert (unknown.fault, unknown.evidence, unknown.line) == ("unknown", "ValueError: x", 2)
     assert format_text(unknown).splitlines()[:3] == [
-        "u.log: unknown at line 2", "  evidence: ValueError: x", "  why: The run failed, and no rule matched its output."]
+        "u.log: unknown at line 2", "  evidence: ValueError: x",
+        "  why: The run failed, and no rule matched its output."]
     # no exception line of its own (a launcher's report, a traceback cut above it): its last lines
     cut = (b"epoch 3/10\nsaving checkpoint\nTraceback (most recent call last):\n"
            b'  File "train.py", line 9, in <module>\n')

@@ -14,8 +14,8 @@ the evidence training outlived, and any trainer's success line says the run fini
 
 A clean log is a classification too: no fault.  A log that failed with no rule matching is
 ``unknown``, and says how: the exception line or signal death it ends with, else (a launcher's
-failure report, a traceback cut above its exception) its last lines.  Unreadable input (missing, a directory, no permission) is reported on one line naming
-the file; the other files are still classified.
+failure report, a traceback cut above its exception) its last lines.  Unreadable input (missing, a directory, no
+permission) is reported on one line naming the file; the other files are still classified.
 
 A run dir (or an output dir whose ``.trainsup`` is one) stands for its attempt logs, in the order they
 ran. For a log in a run dir, the journal beside it says what the run then did (``journaled_remedy``:
@@ -252,7 +252,8 @@ def journaled_remedy(path: Path) -> str | None:
         if kind == "remedy":
             actions = "; ".join(str(a) for a in e.get("actions") or []) or "the same command again"
             rung = e.get("rung")
-            which = f"remedy {rung + 1} for {e.get('class')}" if isinstance(rung, int) else f"the {e.get('class')} remedy"
+            which = (f"remedy {rung + 1} for {e.get('class')}" if isinstance(rung, int)
+                     else f"the {e.get('class')} remedy")
             return f"{actions} ({which}), then attempt {attempt + 1}"
         if kind == "attempt_start":
             return f"attempt {e.get('attempt')} started with no remedy (an edit or a planned relaunch)"
@@ -289,7 +290,8 @@ def diagnose_scan(name: str, scan: LogScan, rules: Sequence[FaultRule] = BUILTIN
                              and verdict.explanation else _explanation(diagnosis.fault, rules))
     required = required_spec(diagnosis.evidence) if diagnosis.fault == "missing_dependency" else None
     if required is not None:  # an import-time version check names exactly what to install
-        diagnosis.explanation += f" It needs {required}: run pip install {shlex.quote(required)} in the trainer's environment."
+        diagnosis.explanation += (f" It needs {required}: run pip install {shlex.quote(required)} "
+                                  "in the trainer's environment.")
     argv, source = (command, "--command") if command is not None else (scan.command, "log")
     plan = None
     if argv is not None:
@@ -323,7 +325,8 @@ def diagnose_path(path: str, rules: Sequence[FaultRule], command: list[str] | No
     if path == "-":
         return diagnose_scan("-", scan_log(sys.stdin.buffer, rules, progress=known_output()), rules, command,
                              allow_upgrade)
-    diagnosis = diagnose_scan(path, scan_file(path, rules, progress=known_output()), rules, command, allow_upgrade, journaled_ending(Path(path)))
+    diagnosis = diagnose_scan(path, scan_file(path, rules, progress=known_output()), rules, command, allow_upgrade,
+                              journaled_ending(Path(path)))
     if diagnosis.fault is not None:
         diagnosis.applied = journaled_remedy(Path(path))
     return diagnosis

@@ -4,12 +4,12 @@ A trainer's output reaches the supervisor decorated: ANSI colours from rich, ran
 tags from torchrun (``[rank0]:``), timestamps and level columns from rich, GUIs and
 log shippers (``[12:01:02] [STDERR]``, ``2024-08-01T12:00:00Z stdout F``,
 ``INFO |``, ``2024-05-01 10:00:00,123 - INFO -``, ``[INFO]``, kohya_ss's
-``12:01:02-123456 INFO``, Ray's ``(RayTrainWorker pid=61407, ip=10.0.3.14)``), rich's right-aligned ``train_util.py:123`` source column,
-and tqdm bars that the next message gets glued onto.  Logs pasted into an issue also
-carry markdown: ``> `` quote markers (nested too) and code fence lines, which say
+``12:01:02-123456 INFO``, Ray's ``(RayTrainWorker pid=61407, ip=10.0.3.14)``), rich's right-aligned
+``train_util.py:123`` source column, and tqdm bars that the next message gets glued onto.  Logs pasted
+into an issue also carry markdown: ``> `` quote markers (nested too) and code fence lines, which say
 nothing and clean to an empty line.  rich's boxed tracebacks are read in CPython's words
-(the box's header and ``path:123 in func`` rows become the header and frames).  Fault patterns are written against the bare
-message, so everything here peels the decoration off and nothing else.
+(the box's header and ``path:123 in func`` rows become the header and frames).  Fault patterns are
+written against the bare message, so everything here peels the decoration off and nothing else.
 
 Speed matters more than elegance: ``clean_line`` runs on every line of logs that
 reach several GB, so every regex is compiled once and the common case (a line with
@@ -38,7 +38,8 @@ _ONE_PREFIX = r"""
       | (?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|debug|info|warning|warn|error)\]:?   # [INFO] (fluxgym, GUIs)
     )
   | \d{4}[-/]\d{2}[-/]\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?:?   # bare ISO-ish dates
-        (?:[ ]-[ ](?:[\w.]{1,64}[ ]-[ ](?=(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b))?)?  # "- name - " (logging's default)
+        # "- name - " (logging's default)
+        (?:[ ]-[ ](?:[\w.]{1,64}[ ]-[ ](?=(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b))?)?
   | \d{1,2}:\d{2}:\d{2}(?:[.,-]\d{1,6})?(?=\s)                  # bare times (kohya_ss GUI: 12:01:02-123456)
   | \d{1,6}:[ ](?=\S)                                          # a GUI's or pastebin's line numbers ("251: ")
   | (?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)            # level words, but only in the

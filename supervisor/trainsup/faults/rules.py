@@ -152,7 +152,8 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
     FaultRule(
         id="shm_exhausted",
         patterns=(
-            r"/dev/shm\b.{0,300}?(?:No space left|Errno 28|[Bb]us error)", r"(?:No space left on device|Errno 28).{0,300}?/dev/shm",
+            r"/dev/shm\b.{0,300}?(?:No space left|Errno 28|[Bb]us error)",
+            r"(?:No space left on device|Errno 28).{0,300}?/dev/shm",
             r"unable to write to file </torch_", r"unable to mmap \d+ bytes from file </torch_",
             r"is killed by signal: Bus error", r"(?:out of|insufficient) shared memory",
             r"[Uu]nexpected bus error encountered in worker",
@@ -389,8 +390,9 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
     FaultRule(
         id="host_oom_killed",
         patterns=(
-            r"^Killed$", r"\d+ Killed\b", r"died with <Signals\.SIGKILL: 9>", r"returned non-zero exit status (?:-9|137)\b",
-            r"^exitcode\s+: -9\b", r" \(exitcode: -9\)", r"exit code (?:-9|137)\b", r"exit code: (?:-9|137)\b", r"Signal 9 \(SIGKILL\)",
+            r"^Killed$", r"\d+ Killed\b", r"died with <Signals\.SIGKILL: 9>",
+            r"returned non-zero exit status (?:-9|137)\b", r"^exitcode\s+: -9\b", r" \(exitcode: -9\)",
+            r"exit code (?:-9|137)\b", r"exit code: (?:-9|137)\b", r"Signal 9 \(SIGKILL\)",
             r"is killed by signal: Killed", r"Out of memory: Killed process",
             r"(?:^|\]\s*)Killed$",  # a shell's report glued to the last bar
             r"^zsh: killed\s",  # (bash's job report is "14: 40211 Killed ...", above)

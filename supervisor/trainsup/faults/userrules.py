@@ -80,7 +80,8 @@ def _regex_list(item: dict[object, object], name: str, where: str, *, required: 
     value = item.get(name)
     if value is None and not required:
         return ()
-    _need(isinstance(value, list) and bool(value), f"{where}.{name}: expected a non-empty list of regexes, got {value!r}")
+    _need(isinstance(value, list) and bool(value),
+          f"{where}.{name}: expected a non-empty list of regexes, got {value!r}")
     assert isinstance(value, list)
     for i, p in enumerate(value):
         _need(isinstance(p, str), f"{where}.{name}[{i}]: expected a string, got {p!r}")

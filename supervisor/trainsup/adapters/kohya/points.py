@@ -231,7 +231,8 @@ class ResumePoints(LedgerStates):
         recorded: list[StateRecord] = []
         # In the order they were written (their last file's time): a step state and the epoch's at the
         # same step are claimed as the trainer saved them, whichever output line arrived first.
-        for path in [only] if only is not None else sorted(state_dirs(self.output_dir, names), key=accelerate.written_at):
+        found = sorted(state_dirs(self.output_dir, names), key=accelerate.written_at) if only is None else [only]
+        for path in found:
             parsed = parse_state_name(path.name)
             if parsed is None or parsed[0] not in names or self.ledger.step_of(path) is not None:
                 continue

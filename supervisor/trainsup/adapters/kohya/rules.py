@@ -17,7 +17,8 @@ FAMILY_RULES: tuple[FaultRule, ...] = (
         patterns=(
             # sd-scripts' assertions (wording varies a little between scripts and versions)
             r"AssertionError: when caching .{0,300}?cannot be used", r" caption_tag_dropout_rate cannot be used",
-            r"either color_aug or random_crop cannot be used", r"network for Text Encoder cannot be trained with caching",
+            r"either color_aug or random_crop cannot be used",
+            r"network for Text Encoder cannot be trained with caching",
             r"(?:fp8_base|full_fp16|full_bf16) requires mixed precision", r" blocks_to_swap is not supported with",
             r" fused_backward_pass currently only works with",
         ),
