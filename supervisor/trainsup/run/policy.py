@@ -107,7 +107,7 @@ class Policy:
     backoff_max_s: float = 60.0
     backoff_factor: float = 2.0
     stop_grace_s: float = 30.0
-    save_every_n_steps: int | None = None  # None: about 10% of --max_train_steps
+    save_every_n_steps: int | None = None  # None: about 10% of the run's steps
     allow_upgrade: bool = True
     pump_wait_s: float = 2.0  # after the child exits, how long its pipes may stay open (orphans)
     on_prompt_change: str = "at_checkpoint"  # at_checkpoint | now | ignore, for trainers that cache prompts

@@ -78,7 +78,7 @@ def progress_sentence(attempt: int | None, step: int, total: int | None, loss: f
 
 def remedy_sentence(fault: str, rung_index: int | None, actions: Sequence[str], next_attempt: int,
                     delay_s: float) -> str:
-    """``cuda_oom, remedy 2: --gradient_checkpointing added; attempt 3 starts in 2 s``."""
+    """``cuda_oom, remedy 1: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; attempt 3 starts in 2 s``."""
     rung = f", remedy {rung_index + 1}" if rung_index is not None else ""
     done = "; ".join(actions) if actions else "the same command again"
     when = f"in {format_duration(delay_s)}" if delay_s >= 1 else "now"

@@ -138,7 +138,7 @@ def changes(events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def summary(changes: Sequence[Mapping[str, Any]]) -> str:
-    """The one line for people: ``trained with: add --gradient_checkpointing from step 8 (cuda_oom:
+    """The one line for people: ``trained with: set PYTORCH_CUDA_ALLOC_CONF=... from step 8 (cuda_oom:
     torch.OutOfMemoryError: ...)``; an evidence line told once, its class alone after that."""
     if not changes:
         return AS_GIVEN

@@ -3,7 +3,7 @@
 ``RunStory`` folds the journal (records and status snapshots) of one run and returns a ``Notice``
 when something happened that the policy's ``notify.on`` asks to be told. A fault is told once it is
 answered: the ``remedy`` that follows it (``mylora: cuda_oom at step 812/2000 — restarting with
---gradient_checkpointing``), the ``gave_up`` that ends the run, or, failing both, the next launch.
+--a-memory-flag``, in the adapter's words), the ``gave_up`` that ends the run, or, failing both, the next launch.
 A notice's first line (its title) says what happened; its body gives the evidence line, the remedy,
 step, loss, speed and ETA; the sender appends the last lines of the attempt's log (``log_tail``).
 The end's notice (finished, gave up, stopped) says what the weights were trained with: every change
@@ -77,7 +77,7 @@ def fault_key(cls: str, evidence: str | None, actions: Collection[str]) -> str:
 
 
 def remedy_phrase(actions: list[str]) -> str:
-    """``restarting with --gradient_checkpointing`` from the remedy's actions."""
+    """``restarting with PYTORCH_CUDA_ALLOC_CONF=...`` from the remedy's actions."""
     if not actions or actions == ["restart from the last safe state"]:
         return "restarting from the last saved state"
     if all(a.startswith(("add ", "set ")) for a in actions):
