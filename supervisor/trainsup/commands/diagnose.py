@@ -29,7 +29,7 @@ import json
 import re
 import shlex
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -271,10 +271,11 @@ def diagnose_scan(name: str, scan: LogScan, rules: Sequence[FaultRule] = BUILTIN
     used when the log itself holds no evidence."""
     diagnosis = Diagnosis(name, success=scan.success)
     verdict = scan.verdict
+    groups: Mapping[str, str] = {}  # the named groups of the rule that recognised the evidence
     if verdict is not None and (not scan.success or verdict.live):
         # A run that finished is clean whatever it printed on the way; only a live fault counts.
         diagnosis.fault, diagnosis.line = verdict.fault, verdict.lineno
-        diagnosis.evidence = strip_ansi(verdict.line)
+        diagnosis.evidence, groups = strip_ansi(verdict.line), verdict.groups
     elif journaled is not None and not scan.success:
         diagnosis.fault, diagnosis.evidence = journaled
     elif scan.failed:
@@ -288,7 +289,7 @@ def diagnose_scan(name: str, scan: LogScan, rules: Sequence[FaultRule] = BUILTIN
     # The rule that matched explains it (several rules share a fault id: an adapter's own wording).
     diagnosis.explanation = (verdict.explanation if verdict is not None and verdict.fault == diagnosis.fault
                              and verdict.explanation else _explanation(diagnosis.fault, rules))
-    required = required_spec(diagnosis.evidence) if diagnosis.fault == "missing_dependency" else None
+    required = required_spec(diagnosis.evidence, groups) if diagnosis.fault == "missing_dependency" else None
     if required is not None:  # an import-time version check names exactly what to install
         diagnosis.explanation += (f" It needs {required}: run pip install {shlex.quote(required)} "
                                   "in the trainer's environment.")

@@ -18,11 +18,13 @@ wording (``says``), so no trainer's flags are printed for another's.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 from .linetext import clean_line
 from .oom import fragmentation_ruled_out
+from .rules import REQUIRED_VERSION
 
 ActionKind = Literal["add_flag", "remove_flag", "set_env", "upgrade", "halve_batch",
                      "lower_workers", "wait_foreign", "restart", "stop"]
@@ -156,23 +158,27 @@ def ladder(fault: str, own: dict[str, tuple[Rung, ...]] | None = None) -> tuple[
     return DEFAULT.get(fault, DEFAULT["unknown"])
 
 
-# transformers' import-time dependency check (``dependency_versions_check``): ``ImportError:
-# safetensors>=0.4.3 is required for a normal functioning of this module, but found safetensors==0.4.1.``
-_SPEC = r"(?:===?|[<>!~]=?)\s*[\w.*+!-]+"
-_REQUIRED = re.compile(r"(?P<pkg>[A-Za-z0-9][\w.-]*)\s*(?P<specs>" + _SPEC + r"(?:\s*,\s*" + _SPEC + r")*)"
-                       r" is required for a normal functioning")
+# transformers' import-time dependency check (see ``rules.REQUIRED_VERSION``), for evidence without its groups.
+_REQUIRED = re.compile(REQUIRED_VERSION)
 _AT_LEAST = re.compile(r">=\s*(\d+(?:\.\d+)*)$")
 
 
-def required_spec(evidence: str | None) -> str | None:
-    """The requirement an import-time version check printed (``safetensors>=0.4.3``), else None."""
-    if not evidence:
-        return None
-    rows = [clean_line(row) for row in evidence.split("\n")]  # a message rich or a terminal wrapped
-    m = _REQUIRED.search(" ".join(rows)) or _REQUIRED.search("".join(rows))
-    if m is None:
-        return None
-    return m.group("pkg") + ",".join(part.replace(" ", "") for part in m.group("specs").split(","))
+def required_spec(evidence: str | None, groups: Mapping[str, str] | None = None) -> str | None:
+    """The requirement an import-time version check printed (``safetensors>=0.4.3``), else None.
+
+    The ``pkg`` and ``specs`` groups of the rule that recognised the line say it; only evidence without
+    them (a user rule's match, a line wrapped over rows) is read again."""
+    if groups and "pkg" in groups and "specs" in groups:
+        pkg, specs = groups["pkg"], groups["specs"]
+    else:
+        if not evidence:
+            return None
+        rows = [clean_line(row) for row in evidence.split("\n")]  # a message rich or a terminal wrapped
+        m = _REQUIRED.search(" ".join(rows)) or _REQUIRED.search("".join(rows))
+        if m is None:
+            return None
+        pkg, specs = m.group("pkg"), m.group("specs")
+    return pkg + ",".join(part.replace(" ", "") for part in specs.split(","))
 
 
 def _name(spec: str) -> str:
@@ -183,10 +189,11 @@ def _version(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in v.split("."))
 
 
-def upgrade_spec(action: Action, evidence: str | None) -> str:
+def upgrade_spec(action: Action, evidence: str | None, groups: Mapping[str, str] | None = None) -> str:
     """The spec an ``upgrade`` action installs: its own, made to satisfy a requirement the evidence
-    printed for the same package too (the higher of two ``>=``, else both specifiers)."""
-    required = required_spec(evidence)
+    printed for the same package too (the higher of two ``>=``, else both specifiers); ``groups``: the
+    evidence's named groups (see ``required_spec``)."""
+    required = required_spec(evidence, groups)
     if required is None or _name(required) != _name(action.name):
         return action.name
     ours, theirs = action.name[len(_name(action.name)):], required[len(_name(required)):]

@@ -29,6 +29,7 @@ __all__ = [
     "BUILTIN_RULES",
     "FAULT_IDS",
     "IGNORED_LINE_PATTERNS",
+    "REQUIRED_VERSION",
     "FaultRule",
     "Strength",
 ]
@@ -147,6 +148,12 @@ CAPTION_CACHE_FRAMES: tuple[str, ...] = (
 )
 
 _ERROR_CLASS = r"(?:AssertionError|ValueError)"
+# transformers' import-time dependency check (``dependency_versions_check``): ``ImportError:
+# safetensors>=0.4.3 is required for a normal functioning of this module, but found safetensors==0.4.1.``
+# Its named groups, ``pkg`` and ``specs``, travel on the evidence to the remedy (``remedies.required_spec``).
+_SPEC = r"(?:===?|[<>!~]=?)\s*[\w.*+!-]+"
+REQUIRED_VERSION = (r"(?P<pkg>[A-Za-z0-9][\w.-]*)\s*(?P<specs>" + _SPEC + r"(?:\s*,\s*" + _SPEC + r")*)"
+                    r" is required for a normal functioning")
 
 BUILTIN_RULES: tuple[FaultRule, ...] = (
     FaultRule(
@@ -170,7 +177,7 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
             r"Dtype not understood: F8_E[45]M\d",
             r"load_model\(\) got an unexpected keyword argument 'device'",
             # transformers' import-time dependency check: the same old serializer, caught before any save
-            r"safetensors>=[\d.]+ is required for a normal functioning",
+            r"(?P<pkg>safetensors)(?P<specs>>=[\d.]+) is required for a normal functioning",
         ),
         # A traceback through the state or weight save, with a float8 dtype in sight.
         cut_frames=(r" save_state$", r" save_file$", r" save_weights$", r" save_model(?:_hook)?$", r" _flatten$",
@@ -248,7 +255,9 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
     FaultRule(
         id="missing_dependency",
         patterns=(
-            r"ModuleNotFoundError", r"No module named ", r"\bImportError\b", r"cannot import name '",
+            r"ModuleNotFoundError", r"No module named ",
+            # an import-time version check names what to install (a narrower wording of the next pattern)
+            r"\bImportError: " + REQUIRED_VERSION, r"\bImportError\b", r"cannot import name '",
             r"library but it was not found in your environment", r"Torch not compiled with CUDA enabled",
             # No usable GPU at all: neither a restart nor a flag change fixes the
             # environment, so it stops with the other environment faults.

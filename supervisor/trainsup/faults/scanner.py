@@ -304,11 +304,12 @@ class FaultScanner:
             if ended and hinted is None and not launcher:
                 return self._ending(text, raw, lineno), structural
             return hinted, structural
-        return self._evidence(found[0], raw, lineno, self._tb.in_traceback(raw, lineno)), structural
+        return self._evidence(found[0], raw, lineno, self._tb.in_traceback(raw, lineno), found[2]), structural
 
-    def _evidence(self, rule: FaultRule, line: str, lineno: int, anchored: bool) -> Evidence:
+    def _evidence(self, rule: FaultRule, line: str, lineno: int, anchored: bool,
+                  groups: dict[str, str]) -> Evidence:
         return Evidence(rule.id, line, lineno, rule.strength, anchored, explanation=rule.explanation,
-                        cause=rule.first_cause, kind="tail" if rule.tail else "")
+                        cause=rule.first_cause, kind="tail" if rule.tail else "", groups=groups)
 
     def _ending(self, text: str, raw: str, lineno: int) -> Evidence | None:
         """``unknown`` evidence for an exception line or a signal death no rule names (see ``ending``)."""
@@ -351,15 +352,16 @@ class FaultScanner:
                 first = max(i for i, s in enumerate(starts) if s <= found[1])
                 line = "\n".join([r[1] for r in rows[first:]] + [raw])
                 start = rows[first][2]
-                return self._evidence(found[0], line, start, self._tb.in_traceback(rows[first][1], start))
+                return self._evidence(found[0], line, start, self._tb.in_traceback(rows[first][1], start), found[2])
         return None
 
     def _match(self, text: str, raw: str, lineno: int, candidates: list[int], boundary: int | None = None,
-               starts: Sequence[int] = (0,), weak_only: bool = False) -> tuple[FaultRule, int] | None:
+               starts: Sequence[int] = (0,), weak_only: bool = False
+               ) -> tuple[FaultRule, int, dict[str, str]] | None:
         """The first rule in table order with a candidate pattern that matches unrefuted,
-        with where the match starts.  For joined rows (``starts``: where each row
-        begins) the match must span the last join, and only the rows it spans are
-        checked for warnings and excludes."""
+        with where the match starts and the named groups it captured (those that took part).
+        For joined rows (``starts``: where each row begins) the match must span the last
+        join, and only the rows it spans are checked for warnings and excludes."""
         refuted = -1
         self._refuted = False
         for k in candidates:  # ascending: table order
@@ -379,7 +381,7 @@ class FaultScanner:
             if any(x.search(own) for x in self._excludes[i]) or not self._frames_allow(i, raw, lineno):
                 refuted = i  # this rule is refuted for the line; later rules may still match
                 continue
-            return self._rules[i], m.start()
+            return self._rules[i], m.start(), {k: v for k, v in m.groupdict().items() if v is not None}
         return None
 
     def _frames_allow(self, i: int, raw: str, lineno: int) -> bool:

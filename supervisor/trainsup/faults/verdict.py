@@ -52,7 +52,9 @@ _OUTLIVED_BY_ANY_BAR = frozenset({"last", "ending", "tail"})
 @dataclass(frozen=True)
 class Evidence:
     """A line that is evidence for a fault: ``line`` as the child wrote it (the rows
-    joined by ``\\n`` when a wrapped message matched across them), ``lineno`` its first."""
+    joined by ``\\n`` when a wrapped message matched across them), ``lineno`` its first.
+    ``groups``: the named groups of the rule pattern that matched it (``(?P<pkg>...)``), or what
+    the sensor that made it knows (a hang's ``spot``), so that no consumer parses ``line`` again."""
 
     fault: str
     line: str
@@ -65,6 +67,7 @@ class Evidence:
     cause: bool = False  # a first cause (out of memory): it stands over the crashes it leads to
     kind: str = ""  # "ending": an exception line no rule names; "tail": a wait the log ends at
     since: int = field(default=0, compare=False)  # an ending's traceback began here (0: unknown)
+    groups: Mapping[str, str] = field(default_factory=dict, compare=False)
 
 
 @dataclass

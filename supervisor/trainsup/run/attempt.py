@@ -248,9 +248,9 @@ def take_hang_stacks(number: int, pid: int, idle_s: float, clock: HangClock, ste
     ``RUN_DIR/hang-N.txt`` (journal ``hang_stacks``) before it is stopped; returns the hang's evidence."""
     say(f"hang: no progress for {idle_s:.0f} s; taking the stacks of the trainer's processes")
     path = run_dir / f"hang-{number}.txt"
-    text, taken, error = stacks.hang_report(pid, idle_s, clock, step, gpu, path)
+    text, groups, taken, error = stacks.hang_report(pid, idle_s, clock, step, gpu, path)
     if error:
         say(f"warning: cannot write {path}: {error}")
     journal.event(kinds.HANG_STACKS, path=str(path), processes=len(taken),
                   py_spy=all(s.innermost is not None for s in taken), attempt=attempt)
-    return Evidence("hang", text, obs.lines, "root")
+    return Evidence("hang", text, obs.lines, "root", groups=groups)

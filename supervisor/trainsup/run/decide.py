@@ -7,7 +7,7 @@ rung would change anything for this command (the engine dry-runs it on a copy of
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -39,6 +39,9 @@ class Outcome:
     stop_signal: int | None = None  # trainsup itself was told to stop
     foreign_mib: int = 0  # memory other programs held on the trainer's GPUs at the last reading
     same_settings: bool = False  # a restart must not change a setting (a SIGKILL not for memory)
+    # The named groups of the rule that recognised the evidence (``Evidence.groups``): what the remedy
+    # reads before it would parse ``evidence`` again.
+    evidence_groups: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -106,8 +109,9 @@ def decide(history: History, outcome: Outcome, policy: Policy, now: float,
             f"{fault}: its rule says a restart cannot fix it"
         return Decision(kind="stop", exit_code=EXIT_STOPPED, reason=reason)
 
-    spot = hang_spot(outcome.evidence) if fault_class(fault).repeats_at_same_spot else None
-    if spot is not None and any(o.fault == fault and hang_spot(o.evidence) == spot for o in history.outcomes):
+    spot = hang_spot(outcome.evidence, outcome.evidence_groups) if fault_class(fault).repeats_at_same_spot else None
+    if spot is not None and any(o.fault == fault and hang_spot(o.evidence, o.evidence_groups) == spot
+                                for o in history.outcomes):
         return Decision(kind="stop", exit_code=EXIT_STOPPED,
                         reason=f"{fault}: it hung again {spot}; a restart will not get past it "
                         "(the stacks are in the run dir's hang-N.txt)")

@@ -156,6 +156,7 @@ class Reactions:
         return Outcome(attempt=attempt, exit_code=r.exit_code, signal=r.signal, child_status=r.obs.child_status,
                        child_signal=r.obs.child_signal, uptime_s=r.uptime_s, fault=r.fault,
                        evidence=ev.line if ev else None, evidence_line=ev.lineno if ev else None,
+                       evidence_groups=ev.groups if ev else {},
                        steps_trained=trained, saved_new_state=points.steps_proven() > 0, ended_at=self.clock(),
                        stop_signal=r.stop_signal, foreign_mib=foreign_mib, same_settings=same)
 

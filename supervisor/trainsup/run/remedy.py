@@ -44,7 +44,7 @@ class Remedier:
         wait_foreign = False
         for action in decision.rung.actions:
             if action.kind == "upgrade":
-                spec = self.trainer.upgrade_spec(action, outcome.evidence)
+                spec = self.trainer.upgrade_spec(action, outcome.evidence, outcome.evidence_groups)
                 stop = self._upgrade(new, spec, policy, attempt)
                 if stop is not None:
                     return Remedied(plan, stop)

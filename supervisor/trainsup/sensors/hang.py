@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import re
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 PHASES = ("startup", "training", "sampling", "saving")
@@ -104,7 +105,7 @@ def hang_evidence(idle_s: float, clock: HangClock, step: int | None, frames: lis
                   gpu: str | None = None) -> str:
     """The one-line evidence of a hang: how long, where (absolute step, innermost frames), what last
     moved, and the GPUs' utilisation when known (a hint, never the trigger)."""
-    where = f"at step {step}" if step is not None else "before the first step"
+    where = _where(step)
     inner = "; ".join(frames) if frames else "no stacks"
     wait = " (the stacks show DataLoader waits)" if dataloader else ""
     busy = f"; {gpu}" if gpu else ""
@@ -112,10 +113,23 @@ def hang_evidence(idle_s: float, clock: HangClock, step: int | None, frames: lis
             f"innermost frames: {inner}{wait}; last progress: {clock.last_line.strip()[:200]!r}{busy}")
 
 
+def _where(step: int | None) -> str:
+    return f"at step {step}" if step is not None else "before the first step"
+
+
+def hang_groups(step: int | None, frames: Sequence[str]) -> dict[str, str]:
+    """The named groups a hang's evidence carries (``Evidence.groups``): its ``spot`` (step and innermost
+    frames) when stacks were taken; without stacks there is no spot to recur at."""
+    return {"spot": f"{_where(step)}, {'; '.join(frames)}"} if frames else {}
+
+
 _SPOT = re.compile(r"(at step \d+|before the first step) .*?; innermost frames: (.*?)(?: \(the stacks|; last progress)")
 
 
-def hang_spot(evidence: str | None) -> str | None:
-    """Where a hang stood (step and innermost frames), to tell whether it recurs at the same spot."""
+def hang_spot(evidence: str | None, groups: Mapping[str, str] | None = None) -> str | None:
+    """Where a hang stood (step and innermost frames), to tell whether it recurs at the same spot: the
+    evidence's ``spot`` group (see ``hang_groups``), else read from its line (a journal's evidence)."""
+    if groups and "spot" in groups:
+        return groups["spot"]
     m = _SPOT.search(evidence or "")
     return None if m is None or m.group(2) == "no stacks" else f"{m.group(1)}, {m.group(2)}"

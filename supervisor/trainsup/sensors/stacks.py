@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 
-from .hang import HangClock, hang_evidence
+from .hang import HangClock, hang_evidence, hang_groups
 
 # `Thread 0x7F3A (idle): "MainThread"`, or without the name (`Thread 13604 (active+gil)`).
 _THREAD = re.compile(r'^Thread (?:0x[0-9A-Fa-f]+|\d+) \([^)]*\)(?:: "(?P<name>[^"]*)")?')
@@ -125,17 +125,19 @@ def write_report(stacks: list[ProcessStack], path: Path, header: str) -> None:
 
 
 def hang_report(root_pid: int, idle_s: float, clock: HangClock, step: int | None, gpu: str | None,
-                path: Path) -> tuple[str, list[ProcessStack], str | None]:
+                path: Path) -> tuple[str, dict[str, str], list[ProcessStack], str | None]:
     """Take the tree's stacks at a hang and write them to ``path`` under the hang's evidence line.
 
-    Returns the evidence, the stacks, and why the report could not be written (``None``: written).
+    Returns the evidence, its named groups (``hang_groups``: the spot), the stacks, and why the report
+    could not be written (``None``: written).
     """
     taken = capture(root_pid)
     frames = [f"pid {s.pid} {s.innermost}" for s in taken if s.innermost]
     waits = any("dataloader.py" in s.text for s in taken)
     text = hang_evidence(idle_s, clock, step, frames, waits, gpu)
+    groups = hang_groups(step, frames)
     try:
         write_report(taken, path, text)
     except OSError as exc:
-        return text, taken, exc.strerror or str(exc)
-    return text, taken, None
+        return text, groups, taken, exc.strerror or str(exc)
+    return text, groups, taken, None

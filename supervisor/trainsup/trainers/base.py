@@ -409,9 +409,10 @@ class TrainerRun(ABC):
         warning to journal and say, or None. Heard again with each saved state and at the end."""
         return None
 
-    def upgrade_spec(self, action: Action, evidence: str | None) -> str:
-        """The package spec an ``upgrade`` action installs, given the fault's evidence line."""
-        return remedies.upgrade_spec(action, evidence)
+    def upgrade_spec(self, action: Action, evidence: str | None, groups: Mapping[str, str] | None = None) -> str:
+        """The package spec an ``upgrade`` action installs, given the fault's evidence line and its
+        rule's named groups (``Evidence.groups``)."""
+        return remedies.upgrade_spec(action, evidence, groups)
 
     # --- doctor ------------------------------------------------------------------------------------
     # The packages whose versions doctor asks the trainer's interpreter for (besides torch), for this

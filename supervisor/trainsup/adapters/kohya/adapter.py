@@ -192,8 +192,8 @@ class KohyaRun(TrainerRun):
     def rules(self) -> tuple[FaultRule, ...]:
         return RUN_RULES
 
-    def upgrade_spec(self, action: Action, evidence: str | None) -> str:
-        return upgrade_spec(action, evidence)
+    def upgrade_spec(self, action: Action, evidence: str | None, groups: Mapping[str, str] | None = None) -> str:
+        return upgrade_spec(action, evidence, groups)
 
     def python(self, env: Mapping[str, str]) -> str | None:
         return trainer_python(self.plan.command.launcher, dict(env))
