@@ -23,6 +23,7 @@ from safetensors.numpy import save_file
 from tests.contract.kit import launched
 from trainsup.faults.classes import FAULT_CLASSES
 from trainsup.faults.rules import BUILTIN_RULES, FAULT_IDS
+from trainsup.faults.verdict import NOTHING_SAID
 from trainsup.record.journal import Journal
 from trainsup.record.ledger import Ledger
 from trainsup.trainers.base import (
@@ -235,7 +236,7 @@ def test_every_rung_applied_to_a_copy_leaves_the_plan_and_the_session_alone(
             for action in rung.actions:
                 trial = plan.copy()
                 try:
-                    run.apply(trial, action, None)
+                    run.apply(trial, action, NOTHING_SAID)
                 except (ValueError, OSError):
                     continue
                 tried += 1

@@ -9,6 +9,7 @@ from pathlib import Path
 from trainsup.commands.diagnose import build_plan, command_text, diagnose_scan, format_text, plan_remedy
 from trainsup.faults import logscan
 from trainsup.faults.rules import BUILTIN_RULES
+from trainsup.faults.verdict import Said
 from trainsup.trainers.registry import family_rules, known_output
 
 # A log of any trainer is read as ``diagnose`` reads it: with every adapter's output format (its
@@ -58,7 +59,8 @@ def test_serializer_upgrade_names_the_trainers_python() -> None:
     assert plan_remedy("fp8_serializer", plan).changes == [
         ("upgrade safetensors>=0.4.2 in the trainer's interpreter: /venv/bin/python -m pip install "
         "'safetensors>=0.4.2'")]
-    resume = plan_remedy("fp8_serializer", plan, "TypeError: load_model() got an unexpected keyword argument 'device'")
+    resume = plan_remedy("fp8_serializer", plan,
+                         Said("TypeError: load_model() got an unexpected keyword argument 'device'"))
     assert "'safetensors>=0.4.3'" in resume.changes[0]
     forbidden = plan_remedy("fp8_serializer", plan, allow_upgrade=False)
     assert not forbidden.relaunch and forbidden.changes == [

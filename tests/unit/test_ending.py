@@ -20,6 +20,7 @@ from trainsup.faults import logscan, scanner
 from trainsup.faults.dumps import DUMP_RULES
 from trainsup.faults.rules import BUILTIN_RULES
 from trainsup.faults.scanner import Evidence, ExitInfo, FaultScanner, classify_exit
+from trainsup.faults.verdict import Said
 from trainsup.trainers.registry import known_output
 
 # A log of any trainer is read as ``diagnose`` reads it: with every adapter's output format (its
@@ -291,14 +292,14 @@ def test_the_allocator_rung_is_skipped_when_the_numbers_rule_fragmentation_out(e
     from trainsup.faults.remedies import ladder
 
     rung = ladder("cuda_oom")[0]
-    assert rung.fits(evidence) is useful
-    assert (rung.unfit_reason(evidence) is None) is useful
+    assert rung.fits(Said(evidence)) is useful
+    assert (rung.unfit_reason(Said(evidence)) is None) is useful
     kohya = build_plan("accelerate launch train_network.py --output_dir o".split())
-    first = plan_remedy("cuda_oom", kohya, evidence).changes
+    first = plan_remedy("cuda_oom", kohya, Said(evidence)).changes
     assert first == (["set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"] if useful
                      else ["add --gradient_checkpointing"])
     # No trainer known: the neutral ladder's next rung, in no trainer's flags.
-    neutral = plan_remedy("cuda_oom", None, evidence).changes
+    neutral = plan_remedy("cuda_oom", None, Said(evidence)).changes
     assert neutral == (["set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"] if useful
                        else ["halve the batch size and double the gradient accumulation steps"])
 
@@ -308,7 +309,7 @@ def test_every_adapters_allocator_rung_reads_the_numbers() -> None:
     from trainsup.adapters.onetrainer.remedies import LADDERS as OT
     from trainsup.faults.remedies import Rung
 
-    capped = NEW.format(allowed="39.00 GiB allowed; ", unalloc="12.00 MiB")
+    capped = Said(NEW.format(allowed="39.00 GiB allowed; ", unalloc="12.00 MiB"))
     rungs: list[Rung] = [r for ladder in (LIT["cuda_oom"], OT["cuda_oom"]) for r in ladder]
     allocator = [r for r in rungs if any(a.kind == "set_env" and "expandable" in (a.value or "") for a in r.actions)]
     assert allocator and all(not r.fits(capped) for r in allocator)

@@ -21,6 +21,7 @@ from trainsup.adapters.litgpt.states import weights_problem
 from trainsup.faults.remedies import Action, Rung
 from trainsup.faults.rules import BUILTIN_RULES
 from trainsup.faults.scanner import FaultScanner
+from trainsup.faults.verdict import Said
 from trainsup.record.journal import Journal, read_events
 from trainsup.record.ledger import Ledger
 from trainsup.trainers.base import Setup, StateSaved, UsageError, rung_applies
@@ -228,13 +229,13 @@ def test_the_warmup_warning_and_sampled_text_are_never_evidence() -> None:
 
 def first_rung(run: LitgptRun, fault: str, evidence: str | None = None) -> tuple[int, Rung] | None:
     for n, rung in enumerate(run.ladder(fault)):
-        if rung_applies(run, run.plan, rung, evidence):
+        if rung_applies(run, run.plan, rung, Said(evidence)):
             return n, rung
     return None
 
 
 def apply_rung(run: LitgptRun, plan: LitPlan, rung: Rung, evidence: str | None = None) -> list[str]:
-    return [c for a in rung.actions if (c := run.apply(plan, a, evidence)) is not None]
+    return [c for a in rung.actions if (c := run.apply(plan, a, Said(evidence))) is not None]
 
 
 def test_lr_schedule_sets_the_warmup_just_below_max_steps_and_forces_a_fresh_start(tmp_path: Path) -> None:
@@ -262,6 +263,29 @@ def test_sequence_too_long_sets_max_seq_length_to_the_block_size_the_error_names
         "--train.max_seq_length 256 (a sample has 2356 tokens; the model's block size is 256)"]
     assert plan.argv()[-2:] == ["--train.max_seq_length", "256"]
     assert first_rung(run, "sequence_too_long", "ValueError: something else") == (1, run.ladder("sequence_too_long")[1])
+
+
+def test_the_sequence_remedy_reads_the_block_size_its_rule_captured_before_the_line(tmp_path: Path) -> None:
+    # LitGPT's own rule puts the numbers on the evidence as named groups (issue 30).
+    scanner = FaultScanner(RUN_RULES + BUILTIN_RULES)
+    ev = scanner.feed("ValueError: Cannot attend to 2356, block size is only 256. This is likely ...", 1)
+    assert ev is not None and ev.fault == "sequence_too_long"
+    assert dict(ev.groups) == {"tokens": "2356", "block": "256"}
+    run = open_run(lora(), tmp_path)
+    rung = run.ladder("sequence_too_long")[0]
+    # The groups and the line disagree: the remedy takes the groups' numbers.
+    said = Said(ev.line, {"tokens": "3000", "block": "512"})
+    plan = run.plan.copy()
+    assert [run.apply(plan, a, said) for a in rung.actions] == [
+        "--train.max_seq_length 512 (a sample has 3000 tokens; the model's block size is 512)"]
+    # Without the groups (a user rule's match, a journal's text) the line is read.
+    plan = run.plan.copy()
+    assert [run.apply(plan, a, Said(ev.line)) for a in rung.actions] == [
+        "--train.max_seq_length 256 (a sample has 2356 tokens; the model's block size is 256)"]
+    # Groups alone suffice: no line to read at all.
+    assert run.apply(run.plan.copy(), rung.actions[0], Said(None, {"tokens": "9", "block": "8"})) == \
+        "--train.max_seq_length 8 (a sample has 9 tokens; the model's block size is 8)"
+    assert run.apply(run.plan.copy(), rung.actions[0]) is None  # no evidence: nothing to set it to
 
 
 def test_an_invalid_precision_stops_naming_the_valid_values(tmp_path: Path) -> None:

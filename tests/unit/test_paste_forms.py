@@ -14,6 +14,7 @@ from trainsup.faults.dumps import DUMP_RULES
 from trainsup.faults.linetext import clean_line, rank_tag
 from trainsup.faults.remedies import Action, required_spec, upgrade_spec
 from trainsup.faults.rules import BUILTIN_RULES
+from trainsup.faults.verdict import Said
 from trainsup.trainers.registry import family_rules, known_output
 
 # A log of any trainer is read as ``diagnose`` reads it: with every adapter's output format (its
@@ -242,16 +243,16 @@ REQ = "ImportError: {} is required for a normal functioning of this module, but 
 def test_the_safetensors_requirement_is_the_serializer_and_its_upgrade_satisfies_it() -> None:
     evidence = REQ.format("safetensors>=0.4.3", "safetensors==0.4.1")
     assert fault([evidence]) == "fp8_serializer"
-    assert required_spec(evidence) == "safetensors>=0.4.3"
-    assert upgrade_spec(Action("upgrade", "safetensors>=0.4.2"), evidence) == "safetensors>=0.4.3"
+    assert required_spec(Said(evidence)) == "safetensors>=0.4.3"
+    assert upgrade_spec(Action("upgrade", "safetensors>=0.4.2"), Said(evidence)) == "safetensors>=0.4.3"
     low = REQ.format("safetensors>=0.3.1", "safetensors==0.3.0")
-    assert upgrade_spec(Action("upgrade", "safetensors>=0.4.2"), low) == "safetensors>=0.4.2"
-    assert upgrade_spec(Action("upgrade", "safetensors>=0.4.2"), None) == "safetensors>=0.4.2"
+    assert upgrade_spec(Action("upgrade", "safetensors>=0.4.2"), Said(low)) == "safetensors>=0.4.2"
+    assert upgrade_spec(Action("upgrade", "safetensors>=0.4.2"), Said(None)) == "safetensors>=0.4.2"
 
 
 def test_another_packages_requirement_stops_with_the_exact_pip_command() -> None:
     evidence = REQ.format("tokenizers>=0.19,<0.20", "tokenizers==0.15.2")
-    assert required_spec(evidence) == "tokenizers>=0.19,<0.20"
+    assert required_spec(Said(evidence)) == "tokenizers>=0.19,<0.20"
     scan = scan_log(_bytes(["Traceback (most recent call last):", '  File "/t/train.py", line 1, in <module>',
                             "    import transformers", evidence]))
     diagnosis = diagnose_scan("x.log", scan, command=["accelerate", "launch", "train_network.py", "--output_dir", "o"])

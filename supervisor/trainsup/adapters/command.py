@@ -17,6 +17,7 @@ from pathlib import Path
 from ..faults import remedies
 from ..faults.remedies import Action, Rung
 from ..faults.rules import FaultRule
+from ..faults.verdict import NOTHING_SAID, Said
 from ..record.journal import Journal
 from ..record.ledger import Ledger, StateRecord
 from ..trainers.base import (
@@ -78,7 +79,7 @@ class CommandRun(TrainerRun):
     def ladder(self, fault: str, plan: Plan | None = None) -> tuple[Rung, ...]:
         return remedies.ladder(fault)
 
-    def apply(self, plan: Plan, action: Action, evidence: str | None = None) -> str | None:
+    def apply(self, plan: Plan, action: Action, evidence: Said = NOTHING_SAID) -> str | None:
         if action.kind == "set_env":
             return apply_env(plan, action)
         return restart_with_same_settings(action)

@@ -44,7 +44,7 @@ from ..faults.remedies import Action, Rung, required_spec, stop, upgrade_spec
 from ..faults.remedies import ladder as builtin_ladder
 from ..faults.rules import BUILTIN_RULES, FaultRule
 from ..faults.userrules import compose_rules
-from ..faults.verdict import Evidence
+from ..faults.verdict import NOTHING_SAID, Evidence, Said
 from ..record.journal import read_events
 from ..run.decide import select_rung, stops_at_once
 from ..trainers.base import Plan, Setup, TrainerFamily, TrainerRun, rung_applies
@@ -108,7 +108,7 @@ class Remedy:
     relaunch: bool  # trainsup run would launch again (False: it stops)
 
 
-def _pip(action: Action, known: Known | None, evidence: str | None) -> tuple[str, str]:
+def _pip(action: Action, known: Known | None, evidence: Said) -> tuple[str, str]:
     """The package spec an upgrade installs, and the pip command in the trainer's interpreter."""
     spec = known.trainer.upgrade_spec(action, evidence) if known is not None else upgrade_spec(action, evidence)
     python = known.trainer.python({}) if known is not None else None
@@ -140,11 +140,12 @@ def family_ladder(family: TrainerFamily | None) -> Ladder | None:
     return ladder if callable(ladder) else None
 
 
-def plan_remedy(fault: str, plan: Known | None, evidence: str | None = None,
+def plan_remedy(fault: str, plan: Known | None, evidence: Said = NOTHING_SAID,
                 apply_to: Known | None = None, allow_upgrade: bool = True,
                 fatal: frozenset[str] = not_restartable(), family: Ladder | None = None) -> Remedy:
     """The remedy trainsup run would apply after this fault on a first attempt.
 
+    ``evidence``: the fault's line and its rule's named groups (``Said(text)`` for text alone).
     ``plan`` decides which rung applies (without one, the first); the rung is then applied to
     ``apply_to`` (default: ``plan``) for the corrected command.  Without ``allow_upgrade``
     (the policy's ``environment.allow_upgrade``) an upgrade rung stops, printing the command.
@@ -289,7 +290,8 @@ def diagnose_scan(name: str, scan: LogScan, rules: Sequence[FaultRule] = BUILTIN
     # The rule that matched explains it (several rules share a fault id: an adapter's own wording).
     diagnosis.explanation = (verdict.explanation if verdict is not None and verdict.fault == diagnosis.fault
                              and verdict.explanation else _explanation(diagnosis.fault, rules))
-    required = required_spec(diagnosis.evidence, groups) if diagnosis.fault == "missing_dependency" else None
+    said = Said(diagnosis.evidence, groups)  # a journal's or a bare log's evidence: its text alone
+    required = required_spec(said) if diagnosis.fault == "missing_dependency" else None
     if required is not None:  # an import-time version check names exactly what to install
         diagnosis.explanation += (f" It needs {required}: run pip install {shlex.quote(required)} "
                                   "in the trainer's environment.")
@@ -304,10 +306,10 @@ def diagnose_scan(name: str, scan: LogScan, rules: Sequence[FaultRule] = BUILTIN
         # Settings in a file that is not on this machine are unknown: say what the first rung
         # does instead of judging it inapplicable.
         diagnosis.notes.extend(plan.trainer.notes)
-        remedy = plan_remedy(diagnosis.fault, None, diagnosis.evidence, plan, allow_upgrade, stops_at_once(rules))
+        remedy = plan_remedy(diagnosis.fault, None, said, plan, allow_upgrade, stops_at_once(rules))
     else:
         family = family_ladder(recognised_family(scan, verdict)) if plan is None else None
-        remedy = plan_remedy(diagnosis.fault, plan, diagnosis.evidence, allow_upgrade=allow_upgrade,
+        remedy = plan_remedy(diagnosis.fault, plan, said, allow_upgrade=allow_upgrade,
                              fatal=stops_at_once(rules), family=family)
     diagnosis.remedy = remedy.changes
     if plan is not None and remedy.plan is not None:

@@ -14,12 +14,19 @@ but cannot hand out in one piece.  It can only help when that memory, with what 
 take, would have held the request: ``reserved but unallocated + headroom >= tried``, where the
 headroom is the allowance left under a cap, else the device's free memory.  When the numbers say
 otherwise, every adapter's OOM ladder skips that rung (see ``remedies.Rung``).
+
+A rule whose pattern captures any of the numbers as named groups (``tried``, ``allocated``,
+``unallocated``, ``free``, ``in_use``, ``allowed``; each a size with its unit, ``2.00 GiB``) is read by
+its groups (``verdict.Said``); what no group gives is read from the message.  The built-in rule
+captures none: its patterns recognise the message, whose numbers may follow on rows of their own.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from .verdict import Said
 
 __all__ = ["OomNumbers", "fragmentation_ruled_out", "oom_numbers"]
 
@@ -62,8 +69,27 @@ def _size(rx: re.Pattern[str], text: str) -> int | None:
     return None if m is None else int(float(m.group(1)) * _UNIT[m.group(2)])
 
 
-def oom_numbers(evidence: str | None) -> OomNumbers | None:
-    """The numbers of the OOM message in ``evidence`` (rows joined: a wrapped message counts), or None."""
+_GROUPS = ("tried", "allocated", "unallocated", "free", "in_use", "allowed")  # OomNumbers' fields
+_WHOLE_SIZE = re.compile(_SIZE)
+
+
+def _group_size(text: str | None) -> int | None:
+    m = _WHOLE_SIZE.fullmatch(text.strip()) if text else None
+    return None if m is None else int(float(m.group(1)) * _UNIT[m.group(2)])
+
+
+def oom_numbers(evidence: Said) -> OomNumbers | None:
+    """The numbers of the OOM message in ``evidence``, or None: each its rule's named group when it
+    captured that number, else read from the line (rows joined: a wrapped message counts)."""
+    parsed = _read(evidence.line)
+    given = {name: size for name in _GROUPS if (size := _group_size(evidence.groups.get(name))) is not None}
+    if not given:
+        return parsed
+    return replace(parsed or OomNumbers(None, None, None, None, None, None), **given)
+
+
+def _read(evidence: str | None) -> OomNumbers | None:
+    """The numbers read from the message's text (torch 2's shape or torch 1's), or None."""
     if not evidence or "Tried to allocate" not in evidence.replace("\n", " "):
         return None
     text = " ".join(row.strip() for row in evidence.split("\n"))
@@ -86,7 +112,7 @@ def _human(n: int) -> str:
     return f"{n} bytes"
 
 
-def fragmentation_ruled_out(evidence: str | None) -> str | None:
+def fragmentation_ruled_out(evidence: Said) -> str | None:
     """Why undoing fragmentation cannot help this OOM (a sentence), or None when it might or the
     message does not say."""
     numbers = oom_numbers(evidence)

@@ -18,13 +18,13 @@ wording (``says``), so no trainer's flags are printed for another's.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 from .linetext import clean_line
 from .oom import fragmentation_ruled_out
 from .rules import REQUIRED_VERSION
+from .verdict import Said
 
 ActionKind = Literal["add_flag", "remove_flag", "set_env", "upgrade", "halve_batch",
                      "lower_workers", "wait_foreign", "restart", "stop"]
@@ -64,16 +64,19 @@ class Action:
 class Rung:
     actions: tuple[Action, ...]
     repeat: bool = False  # stays the current rung when the fault recurs (plain restarts)
-    when: str | None = None  # a regex the evidence must match: the rung answers that wording only
+    when: str | None = None  # a regex the evidence line must match: the rung answers that wording only
 
-    def fits(self, evidence: str | None) -> bool:
+    def fits(self, evidence: Said) -> bool:
         """Whether this rung answers the evidence (a rung without ``when`` answers any, and the
-        evidence rules none of its actions out)."""
+        evidence rules none of its actions out).
+
+        ``when`` is searched in the evidence's line, never its groups: it names the wording the rung
+        answers, whichever rule recognised it (a user rule's, without groups, included)."""
         if self.unfit_reason(evidence) is not None:
             return False
-        return self.when is None or (evidence is not None and re.search(self.when, evidence) is not None)
+        return self.when is None or (evidence.line is not None and re.search(self.when, evidence.line) is not None)
 
-    def unfit_reason(self, evidence: str | None) -> str | None:
+    def unfit_reason(self, evidence: Said) -> str | None:
         """Why the evidence itself rules this rung out, or None.  Every adapter's allocator rung
         (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``) is skipped when the OOM message's
         numbers show no fragmentation it could undo (see ``oom``)."""
@@ -163,17 +166,18 @@ _REQUIRED = re.compile(REQUIRED_VERSION)
 _AT_LEAST = re.compile(r">=\s*(\d+(?:\.\d+)*)$")
 
 
-def required_spec(evidence: str | None, groups: Mapping[str, str] | None = None) -> str | None:
+def required_spec(evidence: Said) -> str | None:
     """The requirement an import-time version check printed (``safetensors>=0.4.3``), else None.
 
     The ``pkg`` and ``specs`` groups of the rule that recognised the line say it; only evidence without
-    them (a user rule's match, a line wrapped over rows) is read again."""
-    if groups and "pkg" in groups and "specs" in groups:
+    them (a user rule's match, a line wrapped over rows, a journal's text) is read again."""
+    groups = evidence.groups
+    if "pkg" in groups and "specs" in groups:
         pkg, specs = groups["pkg"], groups["specs"]
     else:
-        if not evidence:
+        if not evidence.line:
             return None
-        rows = [clean_line(row) for row in evidence.split("\n")]  # a message rich or a terminal wrapped
+        rows = [clean_line(row) for row in evidence.line.split("\n")]  # a message rich or a terminal wrapped
         m = _REQUIRED.search(" ".join(rows)) or _REQUIRED.search("".join(rows))
         if m is None:
             return None
@@ -189,11 +193,11 @@ def _version(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in v.split("."))
 
 
-def upgrade_spec(action: Action, evidence: str | None, groups: Mapping[str, str] | None = None) -> str:
+def upgrade_spec(action: Action, evidence: Said) -> str:
     """The spec an ``upgrade`` action installs: its own, made to satisfy a requirement the evidence
-    printed for the same package too (the higher of two ``>=``, else both specifiers); ``groups``: the
-    evidence's named groups (see ``required_spec``)."""
-    required = required_spec(evidence, groups)
+    printed for the same package too (the higher of two ``>=``, else both specifiers; see
+    ``required_spec``)."""
+    required = required_spec(evidence)
     if required is None or _name(required) != _name(action.name):
         return action.name
     ours, theirs = action.name[len(_name(action.name)):], required[len(_name(required)):]

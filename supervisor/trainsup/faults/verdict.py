@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 
 from .progress import Progress
 
-__all__ = ["Evidence", "Held"]
+__all__ = ["NOTHING_SAID", "Evidence", "Held", "Said"]
 
 # Any tqdm bar: "desc: 35%|███     | 7/20 [00:21<00:38, ...": its desc, step and total (the last one on a line).
 _TQDM = re.compile(r"([^\]|%]{0,40}?)\s*\d+%\|[^|]*\|\s*(\d+)/(\d+)")
@@ -47,6 +47,22 @@ _FIRSTS = ("cause", "anchored")
 # A traceback's exception line, a first cause, a traceback judged by its frames and a NaN loss are
 # outlived by the trainer's own progress only: another rank may still draw its bars after a rank died.
 _OUTLIVED_BY_ANY_BAR = frozenset({"last", "ending", "tail"})
+
+
+@dataclass(frozen=True)
+class Said:
+    """What a remedy reads of a fault's evidence: its ``line`` (None: there was none) and the named
+    groups of the rule pattern that recognised it (``Evidence.groups``).
+
+    A remedy that needs a number or a name from the evidence reads its group; it parses ``line`` only
+    when the group is absent: a user rule without that group, or evidence read back as bare text (a
+    journal's, a pasted log's), which ``Said(text)`` carries with no groups."""
+
+    line: str | None = None
+    groups: Mapping[str, str] = field(default_factory=dict)
+
+
+NOTHING_SAID = Said()  # no evidence at all: a remedy judged on the command alone
 
 
 @dataclass(frozen=True)
@@ -68,6 +84,11 @@ class Evidence:
     kind: str = ""  # "ending": an exception line no rule names; "tail": a wait the log ends at
     since: int = field(default=0, compare=False)  # an ending's traceback began here (0: unknown)
     groups: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def said(self) -> Said:
+        """The line and groups a remedy reads."""
+        return Said(self.line, self.groups)
 
 
 @dataclass

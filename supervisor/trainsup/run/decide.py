@@ -15,6 +15,7 @@ from ..faults.classes import fault_class, not_restartable
 from ..faults.remedies import RESTART, WAIT_FOREIGN, Rung
 from ..faults.remedies import ladder as builtin_ladder
 from ..faults.rules import FaultRule
+from ..faults.verdict import Said
 from ..sensors.hang import hang_spot
 from .policy import Policy
 
@@ -42,6 +43,11 @@ class Outcome:
     # The named groups of the rule that recognised the evidence (``Evidence.groups``): what the remedy
     # reads before it would parse ``evidence`` again.
     evidence_groups: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def said(self) -> Said:
+        """The evidence as a remedy reads it: the line and its rule's named groups."""
+        return Said(self.evidence, self.evidence_groups)
 
 
 @dataclass

@@ -124,13 +124,13 @@ class Supervisor:
         or the end of the run (its exit code)."""
         t = self.ctx.trainer
         decision = decide(self.history, outcome, self.policy, self.clock(),
-                          functools.partial(rung_applies, t, self.plan, evidence=outcome.evidence),
+                          functools.partial(rung_applies, t, self.plan, evidence=outcome.said),
                           stops_at_once(self.rules), functools.partial(t.ladder, plan=self.plan))
         record(self.history, outcome, decision, self.clock())
         for index, rung in decision.skipped:
             self.ctx.journal.event(kinds.REMEDY_SKIPPED, **{"class": outcome.fault}, rung=index,
                                    actions=rung.describe(), trainer=t.family,
-                                   reason=rung.unfit_reason(outcome.evidence) or "means nothing for this command")
+                                   reason=rung.unfit_reason(outcome.said) or "means nothing for this command")
         if decision.kind != "restart":
             return self._end(decision, outcome.attempt)
         self._transition(RunState.REMEDYING)

@@ -44,14 +44,14 @@ class Remedier:
         wait_foreign = False
         for action in decision.rung.actions:
             if action.kind == "upgrade":
-                spec = self.trainer.upgrade_spec(action, outcome.evidence, outcome.evidence_groups)
+                spec = self.trainer.upgrade_spec(action, outcome.said)
                 stop = self._upgrade(new, spec, policy, attempt)
                 if stop is not None:
                     return Remedied(plan, stop)
                 done.append(f"upgraded {spec}")
                 continue
             wait_foreign = wait_foreign or action.kind == "wait_foreign"
-            change = self.trainer.apply(new, action, outcome.evidence)
+            change = self.trainer.apply(new, action, outcome.said)
             if change is not None:
                 done.append(change)
         self.journal.event(kinds.REMEDY, **{"class": outcome.fault}, rung=decision.rung_index, actions=done,

@@ -43,6 +43,7 @@ from ..faults import remedies
 from ..faults.progress import Progress
 from ..faults.remedies import Action, Rung
 from ..faults.rules import FaultRule
+from ..faults.verdict import NOTHING_SAID, Said
 from ..record.journal import Journal
 from ..record.ledger import Ledger, StateRecord
 from ..sensors.watch import FileWatcher
@@ -388,9 +389,10 @@ class TrainerRun(ABC):
         session's own ``plan``)."""
 
     @abstractmethod
-    def apply(self, plan: Plan, action: Action, evidence: str | None = None) -> str | None:
+    def apply(self, plan: Plan, action: Action, evidence: Said = NOTHING_SAID) -> str | None:
         """Apply one action to ``plan`` and to nothing else (the engine also tries actions on dry-run
-        copies); what changed in words, or None when it means nothing here."""
+        copies); what changed in words, or None when it means nothing here. ``evidence``: the fault's
+        line and its rule's named groups (an action that needs a number from it reads the group)."""
 
     def python(self, env: Mapping[str, str]) -> str | None:
         """The interpreter that runs the trainer (for an environment upgrade), when it can be told."""
@@ -409,10 +411,10 @@ class TrainerRun(ABC):
         warning to journal and say, or None. Heard again with each saved state and at the end."""
         return None
 
-    def upgrade_spec(self, action: Action, evidence: str | None, groups: Mapping[str, str] | None = None) -> str:
-        """The package spec an ``upgrade`` action installs, given the fault's evidence line and its
-        rule's named groups (``Evidence.groups``)."""
-        return remedies.upgrade_spec(action, evidence, groups)
+    def upgrade_spec(self, action: Action, evidence: Said) -> str:
+        """The package spec an ``upgrade`` action installs, given the fault's evidence (its line and
+        its rule's named groups)."""
+        return remedies.upgrade_spec(action, evidence)
 
     # --- doctor ------------------------------------------------------------------------------------
     # The packages whose versions doctor asks the trainer's interpreter for (besides torch), for this
@@ -493,7 +495,7 @@ def apply_env(plan: Plan, action: Action) -> str | None:
     return action.describe()
 
 
-def rung_applies(trainer: TrainerRun, plan: Plan, rung: Rung, evidence: str | None = None) -> bool:
+def rung_applies(trainer: TrainerRun, plan: Plan, rung: Rung, evidence: Said = NOTHING_SAID) -> bool:
     """Whether a remedy rung would do anything for this command (a dry run on a copy of the plan),
     and is meant for this evidence (a rung with ``when`` names the wording it answers)."""
     if not rung.fits(evidence):

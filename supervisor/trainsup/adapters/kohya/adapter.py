@@ -22,6 +22,7 @@ from typing import Any
 
 from ...faults.remedies import Action, Rung
 from ...faults.rules import FaultRule
+from ...faults.verdict import NOTHING_SAID, Said
 from ...record.journal import Journal
 from ...record.ledger import Ledger, StateRecord
 from ...trainers.base import (
@@ -185,15 +186,15 @@ class KohyaRun(TrainerRun):
     def ladder(self, fault: str, plan: Plan | None = None) -> tuple[Rung, ...]:
         return kohya_ladder(fault)
 
-    def apply(self, plan: Plan, action: Action, evidence: str | None = None) -> str | None:
+    def apply(self, plan: Plan, action: Action, evidence: Said = NOTHING_SAID) -> str | None:
         assert isinstance(plan, LaunchPlan)
         return apply_action(plan, action)
 
     def rules(self) -> tuple[FaultRule, ...]:
         return RUN_RULES
 
-    def upgrade_spec(self, action: Action, evidence: str | None, groups: Mapping[str, str] | None = None) -> str:
-        return upgrade_spec(action, evidence, groups)
+    def upgrade_spec(self, action: Action, evidence: Said) -> str:
+        return upgrade_spec(action, evidence)
 
     def python(self, env: Mapping[str, str]) -> str | None:
         return trainer_python(self.plan.command.launcher, dict(env))

@@ -8,12 +8,12 @@ the run directory (the user's file is never touched) and pointing the trainer at
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...faults import remedies
 from ...faults.remedies import Action
+from ...faults.verdict import Said
 from ...record.fsutil import atomic_write_text
 from ...trainers.base import Plan, apply_env, restart_with_same_settings
 from ...trainers.cmdline import TrainerCommand
@@ -149,8 +149,8 @@ def apply_action(plan: LaunchPlan, action: Action) -> str | None:
     return restart_with_same_settings(action)  # an action of another trainer's ladder: it means nothing to kohya
 
 
-def upgrade_spec(action: Action, evidence: str | None, groups: Mapping[str, str] | None = None) -> str:
-    """The package spec an upgrade action installs, given the fault's evidence line and its rule's named groups."""
-    if evidence and "unexpected keyword argument 'device'" in evidence:
+def upgrade_spec(action: Action, evidence: Said) -> str:
+    """The package spec an upgrade action installs, given the fault's evidence (line and named groups)."""
+    if evidence.line and "unexpected keyword argument 'device'" in evidence.line:
         return "safetensors>=0.4.3"  # the resume-side failure (load_model) needs the later release
-    return remedies.upgrade_spec(action, evidence, groups)  # what an import-time requirement asks, if it did
+    return remedies.upgrade_spec(action, evidence)  # what an import-time requirement asks, if it did

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ...faults.remedies import Action, Rung
 from ...faults.rules import FaultRule
+from ...faults.verdict import NOTHING_SAID, Said
 from ...record.journal import Journal
 from ...record.ledger import Ledger, StateRecord
 from ...trainers.base import (
@@ -196,7 +197,7 @@ class LitgptRun(TrainerRun):
     def ladder(self, fault: str, plan: Plan | None = None) -> tuple[Rung, ...]:
         return ladder(fault, plan if isinstance(plan, LitPlan) else self.plan)
 
-    def apply(self, plan: Plan, action: Action, evidence: str | None = None) -> str | None:
+    def apply(self, plan: Plan, action: Action, evidence: Said = NOTHING_SAID) -> str | None:
         assert isinstance(plan, LitPlan)
         return apply_action(plan, action, evidence)
 

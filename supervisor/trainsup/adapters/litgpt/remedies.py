@@ -13,7 +13,9 @@ Values chosen (each the smallest change that makes the run valid):
   step), ``1`` when it was 0, and half of itself when the run is limited by epochs (its step count
   is not on the command line). LitGPT restores the schedule from a saved state, so the corrected
   run starts from the beginning, into an out dir of its own (``states``).
-- ``sequence_too_long``: ``--train.max_seq_length`` = the block size the error names.
+- ``sequence_too_long``: ``--train.max_seq_length`` = the block size the error names (the ``block``
+  group of the rule that recognised it; the line is read only for evidence without it: a user rule's,
+  a journal's text).
 - ``cuda_oom``: the allocator setting, then half the micro batch with the global batch kept
   (accumulation grows, the optimizer sees the same batch), then ``bf16-true``, then 4-bit weights
   (LoRA/adapter methods only).
@@ -25,15 +27,16 @@ import re
 
 from ...faults import remedies
 from ...faults.remedies import Action, Rung, stop
+from ...faults.verdict import NOTHING_SAID, Said
 from ...trainers.base import apply_env, restart_with_same_settings
 from .methods import SUGGESTED_PRECISIONS, VALID_PRECISIONS
 from .plan import LitPlan
-from .rules import LR_SCHEDULE, SEQUENCE_TOO_LONG
+from .rules import CANNOT_ATTEND, LR_SCHEDULE, SEQUENCE_TOO_LONG
 
 _WARMUP = "train.lr_warmup_steps"
 _SEQ = "train.max_seq_length"
 _MICRO, _GLOBAL = "train.micro_batch_size", "train.global_batch_size"
-_ATTEND = re.compile(r"Cannot attend to (\d+), block size is only (\d+)")
+_ATTEND = re.compile(CANNOT_ATTEND)
 
 LADDERS: dict[str, tuple[Rung, ...]] = {
     LR_SCHEDULE: (
@@ -94,7 +97,7 @@ def config_error_reason(plan: LitPlan) -> str:
     return "the command or its files are wrong; a restart cannot fix it"
 
 
-def apply_action(plan: LitPlan, action: Action, evidence: str | None) -> str | None:
+def apply_action(plan: LitPlan, action: Action, evidence: Said = NOTHING_SAID) -> str | None:
     """Apply one action to the plan; what changed in words, or None when it means nothing here."""
     if action.kind == "set_env":
         return apply_env(plan, action)
@@ -146,16 +149,33 @@ def _fix_warmup(plan: LitPlan) -> str | None:
             "restores the LR schedule from a saved state and a resume would keep the old one")
 
 
-def _max_seq_length(plan: LitPlan, evidence: str | None) -> str | None:
-    m = _ATTEND.search(evidence or "")
-    if m is None:
+def _max_seq_length(plan: LitPlan, evidence: Said) -> str | None:
+    said = _attend(evidence)
+    if said is None:
         return None
-    block = int(m.group(2))
+    tokens, block = said
     current = plan.get_int(_SEQ)
     if current is not None and current <= block:
         return None
     plan.set(_SEQ, str(block))
-    return f"--train.max_seq_length {block} (a sample has {m.group(1)} tokens; the model's block size is {block})"
+    return f"--train.max_seq_length {block} (a sample has {tokens} tokens; the model's block size is {block})"
+
+
+def _attend(evidence: Said) -> tuple[int, int] | None:
+    """The sample's tokens and the model's block size: the groups of LitGPT's rule, else (a user
+    rule's match, a journal's text) read from the line."""
+    groups = evidence.groups
+    if "tokens" in groups and "block" in groups:
+        tokens, block = groups["tokens"], groups["block"]
+    else:
+        m = _ATTEND.search(evidence.line or "")
+        if m is None:
+            return None
+        tokens, block = m.group("tokens"), m.group("block")
+    try:
+        return int(tokens), int(block)
+    except ValueError:  # a user rule's group of that name that holds no number
+        return None
 
 
 def _halve_micro_batch(plan: LitPlan) -> str | None:

@@ -19,6 +19,10 @@ LR_SCHEDULE = "lr_schedule"
 _LR_FRAMES = (r"^lr_scheduler\.py ", r"^(?:lora|full|adapter|adapter_v2|pretrain|lora_legacy)\.py <lambda>$",
               r"^optimization\.py _get_\w+_lr_lambda$")
 SEQUENCE_TOO_LONG = "sequence_too_long"
+# LitGPT's model refusing a long sample: ``Cannot attend to 4096, block size is only 2048``. Its named
+# groups travel on the evidence to the remedy (``remedies._max_seq_length``): ``tokens`` in the sample,
+# the model's ``block`` size.
+CANNOT_ATTEND = r"Cannot attend to (?P<tokens>\d+), block size is only (?P<block>\d+)"
 
 LITGPT_RULES: tuple[FaultRule, ...] = (
     FaultRule(
@@ -43,7 +47,7 @@ LITGPT_RULES: tuple[FaultRule, ...] = (
     ),
     FaultRule(
         id=SEQUENCE_TOO_LONG,
-        patterns=(r"Cannot attend to \d+, block size is only \d+",),
+        patterns=(CANNOT_ATTEND,),
         # cut before the exception line: the raise in the model's max_seq_length setter shows the wording
         cut_frames=(r"^model\.py max_seq_length$",),
         cut_hints=(r"Cannot attend to",),

@@ -20,6 +20,7 @@ from typing import Any
 
 from ...faults.remedies import Action, Rung
 from ...faults.rules import FaultRule
+from ...faults.verdict import NOTHING_SAID, Said
 from ...record.journal import Journal
 from ...record.ledger import Ledger, StateRecord
 from ...trainers.base import (
@@ -189,7 +190,7 @@ class OneTrainerRun(TrainerRun):
     def ladder(self, fault: str, plan: Plan | None = None) -> tuple[Rung, ...]:
         return ladder(fault, plan if isinstance(plan, OTPlan) else self.plan)
 
-    def apply(self, plan: Plan, action: Action, evidence: str | None = None) -> str | None:
+    def apply(self, plan: Plan, action: Action, evidence: Said = NOTHING_SAID) -> str | None:
         assert isinstance(plan, OTPlan)
         nan_backup = None
         if action.kind == "add_flag" and action.name == LR:

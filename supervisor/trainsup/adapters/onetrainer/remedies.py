@@ -22,6 +22,7 @@ import re
 
 from ...faults import remedies
 from ...faults.remedies import Action, Rung, stop
+from ...faults.verdict import Said
 from ...trainers.base import apply_env, restart_with_same_settings
 from .plan import OTPlan
 from .rules import OPTIMIZER_BACKEND, OUTPUT_FORMAT
@@ -87,7 +88,7 @@ def config_error_reason(plan: OTPlan) -> str:
     return "the command or its files are wrong; a restart cannot fix it"
 
 
-def apply_action(plan: OTPlan, action: Action, evidence: str | None, nan_backup: int | None) -> str | None:
+def apply_action(plan: OTPlan, action: Action, evidence: Said, nan_backup: int | None) -> str | None:
     """Apply one action; what changed in words, or None when it means nothing here. ``nan_backup``:
     after a NaN, resume only from a backup below this step (the newest backup the failing attempt
     wrote, else the backup it resumed from, else 0: from the beginning)."""
