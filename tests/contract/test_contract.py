@@ -72,6 +72,23 @@ def _kohya_state(tmp: Path, run: TrainerRun) -> tuple[Path, int]:
     return state, 10
 
 
+# --- musubi --------------------------------------------------------------------------------------
+def _musubi_setup(tmp: Path) -> Setup:
+    return Setup(("accelerate", "launch", "src/musubi_tuner/wan_train_network.py", "--task", "t2v-1.3B", "--sdpa",
+                  "--output_dir", str(tmp / "out"), "--output_name", "tiny", "--max_train_steps", "20",
+                  "--save_every_n_steps", "5", "--save_state", "--network_module", "networks.lora_wan"), tmp)
+
+
+def _musubi_state(tmp: Path, run: TrainerRun) -> tuple[Path, int]:
+    """musubi's state: accelerate's files alone, no train_state.json (its step is in the name)."""
+    state = tmp / "out" / "tiny-step00000010-state"
+    state.mkdir(parents=True)
+    save_file({"lora.down": np.ones((2, 2), np.float32)}, str(state / "model.safetensors"))
+    for part in ("optimizer.bin", "scheduler.bin", "random_states_0.pkl"):
+        (state / part).write_bytes(b"x")
+    return state, 10
+
+
 # --- litgpt --------------------------------------------------------------------------------------
 def _litgpt_setup(tmp: Path) -> Setup:
     return Setup(("litgpt", "finetune_full", "checkpoints/pythia", "--out_dir", str(tmp / "out"),
@@ -124,6 +141,11 @@ CASES: dict[str, Case] = {
                    "python -m trainsup.demo.flux_train_network --output_dir o",
                    "python my_lora_script.py --pretrained_model_name_or_path m --output_dir o"),
                   _kohya_setup, _kohya_state),
+    "musubi": Case(("accelerate launch --mixed_precision bf16 src/musubi_tuner/wan_train_network.py --task t2v-1.3B",
+                    "python src/musubi_tuner/qwen_image_train_network.py --dit d",
+                    "python -m musubi_tuner.hv_1_5_train_network --dit d",
+                    "accelerate launch zimage_train.py --output_dir o"),
+                   _musubi_setup, _musubi_state),
     "litgpt": Case(("litgpt finetune_lora checkpoints/pythia --out_dir o",
                     "python -m litgpt finetune_full checkpoints/pythia", "/venv/bin/litgpt pretrain pythia-14m"),
                    _litgpt_setup, _litgpt_state),

@@ -1,6 +1,7 @@
-"""Owns sd-scripts (and musubi-tuner) behind the trainer contract: recognising its scripts, the
-first launch plan, the resume arguments and output names of each attempt, the remedy ladders, and
-``trainsup doctor``'s checks (``doctor``, ``doctor_checks``).
+"""Owns sd-scripts behind the trainer contract (and, told its ``Dialect``, musubi-tuner:
+``adapters.musubi``): recognising its scripts, the first launch plan, the resume arguments and
+output names of each attempt, the remedy ladders, and ``trainsup doctor``'s checks (``doctor``,
+``doctor_checks``).
 
 An attempt that resumes, or that starts over after an earlier attempt of this run wrote files,
 writes under its own ``--output_name`` (``NAME-trainsupN``): kohya labels post-resume saves with
@@ -42,6 +43,7 @@ from ...trainers.base import (
 from ...trainers.cmdline import TrainerCommand, find_script
 from ...trainers.interpreter import trainer_python
 from . import doctor as kohya_doctor
+from .dialect import KOHYA, Dialect
 from .doctor_checks import CommandView, load_view
 from .exact import epoch_aligned
 from .identity import identity_fields, outputs_under
@@ -70,12 +72,13 @@ _NOT_KOHYA = ("--checkpointing_steps", "--resume_from_checkpoint", "--checkpoint
 
 class KohyaRun(TrainerRun):
     family = "kohya"
+    dialect: Dialect = KOHYA  # a variant of the trainer (musubi-tuner) names its own
     plan: LaunchPlan
     doctor_packages = kohya_doctor.PACKAGES
 
     def __init__(self, setup: Setup) -> None:
         super().__init__()
-        p = prepare(list(setup.argv), setup.cwd, setup.settings, as_given=setup.as_given)
+        p = prepare(list(setup.argv), setup.cwd, setup.settings, as_given=setup.as_given, dialect=self.dialect)
         self.prepared, self.plan = p, p.plan
         self.output_dir, self.total_steps, self.user_resume = p.output_dir, p.max_train_steps, p.user_resume
         self.notes = list(p.notes)
@@ -116,9 +119,9 @@ class KohyaRun(TrainerRun):
         ext = str(self.plan.value("save_model_as") or "safetensors")
         cadence = Cadence(p.max_train_steps, p.save_every_steps, p.user_epoch_every,
                           ext if ext in ("safetensors", "ckpt", "pt") else "safetensors",
-                          str(self.plan.value("save_every_n_epochs")) == "1")
+                          self.dialect.exact_at_epoch_end and str(self.plan.value("save_every_n_epochs")) == "1")
         self.points = ResumePoints(ledger, self.output_dir or self.cwd, fp16, journal, say, p.output_name,
-                                   cadence, run_dir, self._sample_cadence())
+                                   cadence, run_dir, self._sample_cadence(), self.dialect, self.processes())
         self.points.epoch_seen = lambda: self.kohya_output.epoch_started
         self.states = self.points
         self.kohya_inputs = KohyaInputs(self.plan, self.cwd, run_dir, self.settings, journal, say)
@@ -144,20 +147,7 @@ class KohyaRun(TrainerRun):
         output_name = name if own_name else f"{name or 'last'}-trainsup{attempt}"
         if output_name is not None and not own_name:
             cmd.set("output_name", output_name)
-        skips = True
-        if resume is not None:
-            cmd.set("resume", resume.dir)
-            cmd.set("initial_step", str(resume.step))
-            # At an epoch's end kohya resumes exactly without skipping (its skip arithmetic is wrong
-            # with gradient accumulation); mid-epoch, skipping at least keeps the epoch's position.
-            skips = not epoch_aligned(resume.step, self.points.per_epoch())
-            if skips:
-                cmd.set("skip_until_initial_step")
-            else:
-                cmd.remove("skip_until_initial_step")
-        else:
-            cmd.remove("resume")
-            cmd.remove("initial_step")
+        skips = self.resume_flags(plan, resume)
         self.kohya_output.epoch_started = 0
         resume_step = resume.step if resume else 0
         saves = self.points.plan_attempt(attempt, resume_step, output_name, skips)
@@ -182,6 +172,29 @@ class KohyaRun(TrainerRun):
         # Its labels: true steps from the beginning; from 0 at an epoch's end; mid-epoch, the summary tells.
         return Launch.of(plan, cmd.argv(), resume, output_name=output_name,
                          label_offset=0 if resume_step == 0 else None if skips else resume_step)
+
+    def resume_flags(self, plan: LaunchPlan, resume: StateRecord | None) -> bool:
+        """Set the flags that resume from ``resume`` (None: the beginning); whether the trainer skips
+        to the step (sd-scripts' ``--skip_until_initial_step``: its labels then come from its summary)."""
+        cmd = plan.command
+        if resume is None:
+            cmd.remove("resume")
+            cmd.remove("initial_step")
+            return True
+        cmd.set("resume", resume.dir)
+        cmd.set("initial_step", str(resume.step))
+        # At an epoch's end kohya resumes exactly without skipping (its skip arithmetic is wrong
+        # with gradient accumulation); mid-epoch, skipping at least keeps the epoch's position.
+        skips = not epoch_aligned(resume.step, self.points.per_epoch())
+        if skips:
+            cmd.set("skip_until_initial_step")
+        else:
+            cmd.remove("skip_until_initial_step")
+        return skips
+
+    def processes(self) -> int:
+        """How many processes write a state (one ``random_states_N.pkl`` each)."""
+        return 1
 
     def ladder(self, fault: str, plan: Plan | None = None) -> tuple[Rung, ...]:
         return kohya_ladder(fault)
@@ -226,7 +239,7 @@ class KohyaRun(TrainerRun):
 
 class KohyaFamily:
     name = "kohya"
-    description = "kohya-ss sd-scripts and musubi-tuner (train_network.py, flux_train_network.py, ...)"
+    description = "kohya-ss sd-scripts (train_network.py, flux_train_network.py, ...)"
 
     def output(self) -> OutputFormat:
         """A fresh format of this trainer's output (``diagnose`` reads a log with every family's)."""

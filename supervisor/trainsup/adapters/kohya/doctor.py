@@ -20,7 +20,7 @@ from ...trainers.interpreter import at_least, upgrade_command
 from ...trainers.sthead import float8_dtypes
 from .doctor_checks import CommandView, check_command
 
-__all__ = ["PACKAGES", "findings", "state_size"]
+__all__ = ["PACKAGES", "findings", "packages", "state_size"]
 
 PACKAGES = ("torch", "safetensors", "accelerate")  # what doctor asks the trainer's interpreter for
 _PER_DIM_FP32 = {"sd": 2.5e6, "sdxl": 7e6, "dit": 20e6, "unknown": 20e6}  # bytes of LoRA per rank
@@ -32,7 +32,7 @@ def _pip(python: str, spec: str) -> str:
 
 def findings(view: CommandView, facts: DoctorFacts) -> list[Finding]:
     """Every kohya finding on this command, in the order they are reported."""
-    return [*view.config_findings, *_packages(view, facts), *check_command(view, facts.script_flags),
+    return [*view.config_findings, *packages(view, facts), *check_command(view, facts.script_flags),
             *_serializer(view, facts), *_exact_resume(view)]
 
 
@@ -49,7 +49,7 @@ def _exact_resume(view: CommandView) -> list[Finding]:
     return []
 
 
-def _packages(view: CommandView, facts: DoctorFacts) -> list[Finding]:
+def packages(view: CommandView, facts: DoctorFacts) -> list[Finding]:
     python = facts.python
     if python is None:
         return []

@@ -137,7 +137,7 @@ def _span(end: int, offset: int, resume_step: int, max_steps: int, per_epoch: in
 def attempt_saves(offset: int, resume_step: int, max_steps: int, per_epoch: int | None,
                   user_every: int | None, *, saves_done: frozenset[int] = frozenset(),
                   sample_every: int | None = None, samples_done: frozenset[int] = frozenset(),
-                  epoch_states: bool = True) -> AttemptSaves:
+                  epoch_states: bool = True, overshoots: bool = True) -> AttemptSaves:
     """The step cadence of an attempt resumed at ``resume_step`` whose labels run ``offset`` behind.
 
     Every absolute step the user's cadence saves at, and whose save the output dir does not show
@@ -145,13 +145,14 @@ def attempt_saves(offset: int, resume_step: int, max_steps: int, per_epoch: int 
     offset; likewise the step samples of ``sample_every`` (not ``samples_done``). When the trainer
     would train past the last step, that step must be saved too, so that it can be stopped there and
     its save published as the final weights. ``epoch_states``: trainsup saves a state at every epoch's
-    end (``--save_every_n_epochs 1``), so a segment can end there without a step save.
+    end (``--save_every_n_epochs 1``), so a segment can end there without a step save. ``overshoots``
+    False: the trainer stops at the last step by itself (musubi, told the steps left), none is added.
     """
     wanted = save_steps(resume_step, max_steps, user_every) - saves_done
     if offset <= 0:
         return AttemptSaves(0, user_every, wanted, None)
     samples = save_steps(resume_step, max_steps, sample_every) - samples_done
-    stop_at = max_steps if trains_past(offset, max_steps, per_epoch) else None
+    stop_at = max_steps if overshoots and trains_past(offset, max_steps, per_epoch) else None
     ends = [max_steps]
     if per_epoch:
         first = (resume_step // per_epoch + 1) * per_epoch

@@ -48,16 +48,18 @@ def image_dirs(plan: LaunchPlan, cwd: Path) -> list[Path]:
     return [data] if data is not None else []
 
 
-def identity_fields(script: str, plan: LaunchPlan, cwd: Path, output_dir: Path | None) -> dict[str, Any]:
-    """The identity of the run ``plan`` (the user's command, before trainsup adds anything) describes."""
-    fields: dict[str, Any] = {"trainer": "kohya", "script": script,
+def identity_fields(script: str, plan: LaunchPlan, cwd: Path, output_dir: Path | None,
+                    dirs: list[Path] | None = None, shaping: tuple[str, ...] = SHAPING) -> dict[str, Any]:
+    """The identity of the run ``plan`` (the user's command, before trainsup adds anything) describes;
+    ``dirs``: the image folders, where the trainer's dataset config names them otherwise (musubi)."""
+    fields: dict[str, Any] = {"trainer": plan.dialect.trainer, "script": script,
                               "output_dir": str(output_dir) if output_dir else None}
-    for key in SHAPING:
+    for key in shaping:
         value = plan.value(key)
-        if key == "pretrained_model_name_or_path" and value is not None:
+        if key in ("pretrained_model_name_or_path", "dit") and value is not None:
             value = str(_resolve(value, cwd))
         fields[key] = None if value is None else str(value)
-    fields["dataset"] = files_summary(image_dirs(plan, cwd))
+    fields["dataset"] = files_summary(image_dirs(plan, cwd) if dirs is None else dirs)
     return fields
 
 

@@ -57,6 +57,7 @@ class KohyaInputs(Inputs):
         self.run_dir, self.cwd, self.journal, self.say = run_dir, cwd, journal, say
         self.settings = settings
         self.edits = EditLog(journal, say)
+        self.prompt_options = plan.dialect.prompt_options  # the trainer's own prompt-line options
         self.prompt_src = _resolve(plan.value("sample_prompts"), cwd)
         self.prompt_bytes = self._read(self.prompt_src)
         self.config_src = plan.user_config
@@ -166,7 +167,7 @@ class KohyaInputs(Inputs):
         try:
             if raw is None:
                 raise PromptError(path, None, "cannot read it")
-            parse_prompt_bytes(path, raw)
+            parse_prompt_bytes(path, raw, self.prompt_options)
         except PromptError as exc:
             return self.edits.reject(path, exc.reason, exc.line)
         mode = self.settings.on_prompt_change

@@ -18,7 +18,8 @@ from ...record.fsutil import atomic_write_text
 from ...trainers.base import Plan, apply_env, restart_with_same_settings
 from ...trainers.cmdline import TrainerCommand
 from . import tomlio
-from .profile import ScriptInfo, script_info, takes_value
+from .dialect import KOHYA, Dialect
+from .profile import ScriptInfo
 from .tomlio import TomlDoc
 
 
@@ -33,15 +34,16 @@ class LaunchPlan(Plan):
     dataset_doc: TomlDoc | None = None  # its accepted content
     dataset_removed: set[str] = field(default_factory=set)  # keys dropped from --dataset_config
     dataset_batch_divisor: int = 1  # every dataset's batch_size is divided by this (at least 1)
+    dialect: Dialect = KOHYA  # which scripts and flags exist (sd-scripts', or musubi-tuner's)
 
     @property
     def info(self) -> ScriptInfo:
-        return script_info(self.command.script)
+        return self.dialect.info(self.command.script)
 
     def copy(self) -> LaunchPlan:
         return LaunchPlan(self.command.copy(), dict(self.env), set(self.config_overlay_removed),
                           self.user_config, self.config_doc, self.user_dataset, self.dataset_doc,
-                          set(self.dataset_removed), self.dataset_batch_divisor)
+                          set(self.dataset_removed), self.dataset_batch_divisor, self.dialect)
 
     def config_value(self, name: str) -> object | None:
         """The value kohya would see for a key of the --config_file (after our removals)."""
@@ -96,7 +98,7 @@ def apply_action(plan: LaunchPlan, action: Action) -> str | None:
         if not plan.info.has_flag(action.name) or plan.effective(action.name):
             return None
         value = action.value
-        if takes_value(action.name):
+        if plan.dialect.takes_value(action.name):
             cmd.set(action.name, value or "")
         else:
             cmd.set(action.name)

@@ -5,7 +5,8 @@ so a same-named state of an earlier run is never mistaken for one of ours), maps
 labels to absolute steps through the ledger, and names itself so it cannot overwrite what an
 earlier attempt wrote. Choosing where to resume skips bad (half-saved) states and, after a NaN, any
 state from the NaN step on or whose weights are not finite; among the rest it prefers a state at an
-epoch's end, the only point sd-scripts resumes from exactly (``exact``). Each claimed save is then
+epoch's end, the only point sd-scripts resumes from exactly (``exact``; a ``Dialect`` without that
+preference takes the newest). Each claimed save is then
 published under its true name or hidden in the run dir (``publish``), and so is each sample
 (``samples``); the state of the last step ends the run when the trainer would train past it, and
 the state at the end of an attempt's segment has it relaunched from there (``relaunch_at_state``).
@@ -27,12 +28,13 @@ from ...trainers import accelerate
 from ...trainers.accelerate import check_safetensors
 from ...trainers.base import Launch, Plan
 from ...trainers.ledgerstates import LedgerStates
+from .dialect import KOHYA, Dialect
 from .exact import AttemptSaves, attempt_saves, epoch_aligned, label_offset, save_steps, steps_per_epoch
 from .identity import outputs_under
 from .profile import final_weights_name, parse_state_name, save_names, state_dir_names
 from .publish import Publisher
 from .samples import SampleCadence, SampleShelf
-from .states import check_state, state_dirs
+from .states import StateCheck, check_state, state_dirs
 from .weights import has_non_finite
 
 
@@ -96,9 +98,10 @@ class ResumePoints(LedgerStates):
     def __init__(self, ledger: Ledger, output_dir: Path, need_scaler: bool, journal: Journal,
                  say: Callable[[str], None], user_output_name: str | None = None,
                  cadence: Cadence | None = None, run_dir: Path | None = None,
-                 samples: SampleCadence | None = None) -> None:
+                 samples: SampleCadence | None = None, dialect: Dialect = KOHYA, processes: int = 1) -> None:
         super().__init__(ledger, journal, say)
         self.output_dir, self.need_scaler = output_dir, need_scaler
+        self.dialect, self.processes = dialect, processes  # what a complete state holds, how labels count
         self.user_output_name = user_output_name  # where the final weights are published
         self.cadence = cadence or Cadence(0, None, None)
         self.run_started = time.time()
@@ -107,7 +110,7 @@ class ResumePoints(LedgerStates):
         self.saves = AttemptSaves(0, self.cadence.every_steps, frozenset(), None)
         self.final_from: tuple[Path, Path | None] | None = None  # (weights, state) of the last step
         self.publisher = Publisher(output_dir, run_dir or output_dir / ".trainsup", self.run_started,
-                                   journal.event, ledger.moved)
+                                   journal.event, ledger.moved, lambda p: self._check(p, False).ok)
         self.samples = None if samples is None else SampleShelf(
             output_dir / "sample", self.publisher.run_dir, user_output_name, samples, self.run_started, journal.event)
         self.segment_end_saved = False  # the state the segment's relaunch starts from is complete
@@ -186,7 +189,22 @@ class ResumePoints(LedgerStates):
             sample_every = self.samples.cadence.every_steps
             samples_done = frozenset(s for s in self.samples.steps_shown() if s <= proven)
         return attempt_saves(offset, rec.resume_step, c.max_steps, per_epoch, c.every_steps, saves_done=saves_done,
-                             sample_every=sample_every, samples_done=samples_done, epoch_states=c.epoch_states)
+                             sample_every=sample_every, samples_done=samples_done, epoch_states=c.epoch_states,
+                             overshoots=self.dialect.overshoots)
+
+    def _check(self, path: Path, scaler: bool | None = None) -> StateCheck:
+        """Whether a state is complete, by this trainer's files (``scaler`` None: as the run needs)."""
+        return check_state(path, self.need_scaler if scaler is None else scaler, self.dialect, self.processes)
+
+    def _label(self, check: StateCheck, kind: str, number: int | None) -> int | None:
+        """The trainer's label of a complete state: its train_state.json's, else (a trainer that writes
+        none) its name's step, an epoch's end in the attempt's own count, or the last step."""
+        if check.label_step is not None or kind == "step":
+            return check.label_step
+        offset, per_epoch = self._offset(), self.per_epoch()
+        if kind == "epoch":
+            return (number or 0) * per_epoch if per_epoch else None
+        return self.cadence.max_steps - offset if offset is not None and self.cadence.max_steps else None
 
     def _shows_save(self, step: int) -> bool:
         """Whether the output dir shows this step's save, complete, under its true name."""
@@ -194,7 +212,7 @@ class ResumePoints(LedgerStates):
         weights = self.output_dir / self._weights_name(user, "step", step)
         state = self.output_dir / self._state_name(user, "step", step)
         whole = check_safetensors(weights) == "" if weights.suffix == ".safetensors" else weights.is_file()
-        return whole and check_state(state, need_scaler=self.need_scaler).ok
+        return whole and self._check(state).ok
 
     def _offset(self) -> int | None:
         try:
@@ -238,10 +256,11 @@ class ResumePoints(LedgerStates):
                 continue
             if not self.written_this_attempt(path / accelerate.LAST_FILE):
                 continue  # a state of an earlier run under the same name: not this attempt's to claim
-            check = check_state(path, need_scaler=self.need_scaler)
-            if not check.ok or check.label_step is None:
+            check = self._check(path)
+            label = self._label(check, parsed[1], parsed[2]) if check.ok else None
+            if label is None:
                 continue
-            state = self.claim(path, check.label_step)
+            state = self.claim(path, label)
             if state is not None:
                 recorded.append(state)
                 self._settle(state, parsed[1], parsed[2])
@@ -282,8 +301,12 @@ class ResumePoints(LedgerStates):
         if kind == "final":
             return  # the final save is published when the run finishes
         true_number = state.step if kind == "step" else number
+        if kind == "epoch" and self.dialect.epochs_restart:
+            # Its epochs count from the resume point: a true epoch only where that is one's end.
+            per_epoch = self.per_epoch()
+            true_number = state.step // per_epoch if per_epoch and epoch_aligned(state.step, per_epoch) else None
         user_sees = (state.step in self.saves.wanted or self._own_name()) if kind == "step" else \
-            self._user_epoch(number or 0)
+            true_number is not None and self._user_epoch(true_number)
         state_path = Path(state.dir)
         weights = self.output_dir / self._weights_name(self.output_name, kind, number)
         if self._own_name() and user_sees:
@@ -355,9 +378,9 @@ class ResumePoints(LedgerStates):
 
     def adopt(self, path: Path) -> str:
         """Take the user's own ``--resume`` state as a resume point; '' or why it cannot be."""
-        check = check_state(path)
+        check = self._check(path, False)
         if not check.ok or check.label_step is None:
-            return check.reason
+            return check.reason or f"{self.dialect.words} stores no step in a state: only a step state's name tells it"
         self.ledger.states.append(StateRecord(str(path), check.label_step, 0, check.label_step))
         self.journal.event("state_adopted", dir=str(path), step=check.label_step)
         return ""
@@ -369,7 +392,7 @@ class ResumePoints(LedgerStates):
         return max_steps is None or state.step < max_steps
 
     def usable(self, path: Path, nan_step: int | None) -> bool:
-        if not check_state(path).ok:
+        if not self._check(path, False).ok:
             return False
         if nan_step is not None and has_non_finite(path / "model.safetensors"):
             self.ledger.mark_bad(path)
@@ -414,6 +437,8 @@ class ResumePoints(LedgerStates):
         intervals older: only an epoch's end resumes sd-scripts with the data order and random state
         an uninterrupted run has there. None (a fresh start) counts as the end of epoch 0."""
         best = super().newest(nan_step, max_steps, plan, accept)
+        if not self.dialect.exact_at_epoch_end:
+            return best  # no state resumes it exactly: the newest loses the least
         per_epoch = self.per_epoch()
         if best is None or per_epoch is None or epoch_aligned(best.step, per_epoch):
             return best

@@ -2,7 +2,8 @@
 
 It reads the flags kohya will see (command line over ``--config_file``), fixes a seed when none is
 given (every attempt must draw the same data order and noise), and adds ``--save_state`` with a step
-cadence when the command saves no states (without them there is nothing safe to resume from).
+cadence when the command saves no states (without them there is nothing safe to resume from). A
+trainer of the sd-scripts dialect also saves a state at every epoch's end (its exact resume points).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from ...trainers.base import Settings, UsageError
 from ...trainers.cmdline import TrainerCommand
 from . import tomlio
+from .dialect import KOHYA, Dialect
 from .doctor import WORKERS_0_NOTE
 from .plan import LaunchPlan
 
@@ -39,14 +41,14 @@ def _resolve(path: str, cwd: Path) -> Path:
 
 
 def prepare(argv: list[str], cwd: Path, policy: Settings, rng: random.Random | None = None,
-            as_given: bool = False) -> Prepared:
+            as_given: bool = False, dialect: Dialect = KOHYA) -> Prepared:
     """The first launch plan; ``as_given``: the command unchanged, its files read where they exist."""
     try:
         command = TrainerCommand.parse(list(argv))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if as_given:
-        return _as_given(command, cwd)
+        return _as_given(command, cwd, dialect)
     config_path = command.get("config_file")
     if config_path and not config_path.endswith(".toml"):
         config_path += ".toml"  # kohya appends it the same way
@@ -60,7 +62,7 @@ def prepare(argv: list[str], cwd: Path, policy: Settings, rng: random.Random | N
         except tomlio.ConfigFileError as exc:
             raise UsageError(f"--config_file {exc}") from None
         command.set("config_file", str(user_config))
-    plan = LaunchPlan(command, {}, set(), user_config, config_doc)
+    plan = LaunchPlan(command, {}, set(), user_config, config_doc, dialect=dialect)
 
     def value(name: str) -> object | None:
         v = command.get(name)
@@ -99,29 +101,29 @@ def prepare(argv: list[str], cwd: Path, policy: Settings, rng: random.Random | N
         every = policy.save_every_n_steps or max(1, round(max_steps / 10))
         command.set("save_every_n_steps", str(every))
         notes.append(f"no save cadence: added --save_every_n_steps {every} (about 10% of {max_steps} steps)")
-    if user_epochs != 1 and value("save_n_epoch_ratio") is None:
+    if dialect.exact_at_epoch_end and user_epochs != 1 and value("save_n_epoch_ratio") is None:
         # Only a state saved at an epoch's end resumes with the data order an uninterrupted run has
         # there; these saves go to trainsup's run dir, out of the output dir's sight.
         command.set("save_every_n_epochs", "1")
         notes.append("added --save_every_n_epochs 1: sd-scripts resumes exactly only from an epoch's end "
                      "(trainsup keeps those saves in its run dir, out of the output dir)")
-    if int_value("max_data_loader_n_workers") == 0:
+    if dialect.exact_at_epoch_end and int_value("max_data_loader_n_workers") == 0:
         notes.append(f"note: {WORKERS_0_NOTE}")
     return Prepared(plan, output_dir, output_name, max_steps, user_resume, notes,
                     int_value("save_every_n_steps"), user_epochs)
 
 
-def _as_given(command: TrainerCommand, cwd: Path) -> Prepared:
+def _as_given(command: TrainerCommand, cwd: Path, dialect: Dialect) -> Prepared:
     """The command exactly as given (``diagnose``, ``doctor``): its --config_file is read when it
     exists here; otherwise only the command line is known. The output dir is resolved from ``cwd``."""
     config = command.get("config_file")
-    plan = LaunchPlan(command, {}, set())
+    plan = LaunchPlan(command, {}, set(), dialect=dialect)
     if config:
         if not config.endswith(".toml"):
             config += ".toml"  # kohya appends it the same way
         path = Path(config).expanduser()
         try:
-            plan = LaunchPlan(command, {}, set(), path, tomlio.read_toml(_resolve(config, cwd)))
+            plan = LaunchPlan(command, {}, set(), path, tomlio.read_toml(_resolve(config, cwd)), dialect=dialect)
         except (tomlio.ConfigFileError, OSError):
             pass  # not on this machine (or broken)
     out, name = plan.value("output_dir"), command.get("output_name")

@@ -2,7 +2,8 @@
 
 Facts from kohya sd-scripts (see the project's kohya notes): state and weight names sit directly in
 ``--output_dir``; ``--cache_text_encoder_outputs`` does not exist in SD1 ``train_network.py``;
-``--blocks_to_swap`` only in DiT scripts; ``--lowvram`` nowhere. musubi-tuner shares the naming.
+``--blocks_to_swap`` only in DiT scripts; ``--lowvram`` nowhere. musubi-tuner shares the naming
+(its own scripts and flags are ``adapters.musubi``'s).
 """
 
 from __future__ import annotations
@@ -10,9 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ...trainers import accelerate
-
-# Script kinds: "sd" (SD1/2), "sdxl", "dit" (Flux, SD3, musubi video models).
+# Script kinds: "sd" (SD1/2), "sdxl", "dit" (Flux, SD3, Lumina). musubi-tuner's scripts (wan_, hv_,
+# fpack_train_network ...) are not sd-scripts': the musubi family claims them.
 _SCRIPT_KINDS = {
     "train_network": "sd",
     "train_db": "sd",
@@ -25,9 +25,6 @@ _SCRIPT_KINDS = {
     "sd3_train_network": "dit",
     "sd3_train": "dit",
     "lumina_train_network": "dit",
-    "hv_train_network": "dit",
-    "wan_train_network": "dit",
-    "fpack_train_network": "dit",
 }
 
 # Flags that exist only for some script kinds; every other flag is passed through untouched.
@@ -56,9 +53,6 @@ RESUME_LOCKED = ("network_dim", "network_module", "network_args", "network_train
 DEFAULT_STEP_NAME = "at"
 DEFAULT_EPOCH_NAME = "epoch"
 DEFAULT_LAST_NAME = "last"
-
-# A state: kohya's train_state.json, then accelerate's save_state files (the shared format).
-STATE_FILES = accelerate.required_files(first=("train_state.json",))
 
 _STEP_STATE = re.compile(r"^(?P<name>.+)-step(?P<step>\d{8})-state$")
 _EPOCH_STATE = re.compile(r"^(?P<name>.+)-(?P<epoch>\d{6})-state$")

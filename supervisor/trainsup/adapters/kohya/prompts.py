@@ -4,7 +4,8 @@ kohya reads ``--sample_prompts`` as ``.txt`` (one prompt a line, options after `
 negative, ``--w``/``--h`` size, ``--d`` seed, ``--s`` steps, ``--l`` CFG scale, ``--ss`` sampler,
 ``--g``/``--f``/``--cn``/``--am`` for some architectures; ``#`` starts a comment line), ``.toml``
 (``[[prompt.subset]]`` tables under ``[prompt]``, whose keys they inherit) or ``.json`` (a list of objects).
-An invalid file is rejected with its line, and the run keeps the snapshot it has.
+An invalid file is rejected with its line, and the run keeps the snapshot it has. Which ``.txt``
+options exist is the trainer's (``Dialect.prompt_options``: musubi-tuner has ``--fs``, ``--i`` ...).
 """
 
 from __future__ import annotations
@@ -16,10 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...record.textfile import NotTextError, decode_text
+from .dialect import KOHYA, PromptOptions
 
-_INT_OPTS = {"w", "h", "d", "s", "f"}
-_FLOAT_OPTS = {"l", "g", "am"}
-_TEXT_OPTS = {"n", "ss", "cn", "ctrl"}
 _TOML_LINE = re.compile(r"line (\d+)")
 
 
@@ -34,7 +33,7 @@ class PromptError(Exception):
         return f"{where}: {self.reason}"
 
 
-def parse_prompt_file(path: Path) -> list[str]:
+def parse_prompt_file(path: Path, options: PromptOptions = KOHYA.prompt_options) -> list[str]:
     """The prompts the trainer would sample, or ``PromptError`` naming the line at fault."""
     try:
         raw = path.read_bytes()
@@ -42,10 +41,10 @@ def parse_prompt_file(path: Path) -> list[str]:
         raise PromptError(path, None, "the prompt file is gone") from None
     except OSError as exc:
         raise PromptError(path, None, f"cannot read it ({exc.strerror or exc})") from None
-    return parse_prompt_bytes(path, raw)
+    return parse_prompt_bytes(path, raw, options)
 
 
-def parse_prompt_bytes(path: Path, raw: bytes) -> list[str]:
+def parse_prompt_bytes(path: Path, raw: bytes, options: PromptOptions = KOHYA.prompt_options) -> list[str]:
     """The prompts in ``raw``, the content of ``path`` as read once (validate what you will use)."""
     try:
         text = decode_text(raw, path, "prompt file", boms=False)  # kohya reads it as UTF-8
@@ -56,10 +55,11 @@ def parse_prompt_bytes(path: Path, raw: bytes) -> list[str]:
         return _from_toml(path, text)
     if suffix == ".json":
         return _from_json(path, text)
-    return _from_txt(path, text)
+    return _from_txt(path, text, options)
 
 
-def _from_txt(path: Path, text: str) -> list[str]:
+def _from_txt(path: Path, text: str, known: PromptOptions) -> list[str]:
+    integer = r"-?\d+" if known.negative_ints else r"\d+"
     prompts = []
     for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
@@ -71,15 +71,15 @@ def _from_txt(path: Path, text: str) -> list[str]:
         for option in options:
             key, _, value = option.strip().partition(" ")
             key, value = key.lower(), value.strip()
-            if key in _INT_OPTS:
-                if not re.fullmatch(r"-?\d+", value):
+            if key in known.ints:
+                if not re.fullmatch(integer, value):
                     raise PromptError(path, number, f"--{key} expects an integer, got {value!r}")
-            elif key in _FLOAT_OPTS:
+            elif key in known.floats:
                 try:
                     float(value)
                 except ValueError:
                     raise PromptError(path, number, f"--{key} expects a number, got {value!r}") from None
-            elif key not in _TEXT_OPTS:
+            elif key not in known.texts:
                 raise PromptError(path, number, f"unknown option --{key}")
         prompts.append(prompt.strip())
     if not prompts:

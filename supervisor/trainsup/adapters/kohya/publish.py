@@ -27,8 +27,10 @@ class Publisher:
     """Publishes and hides the saves of one run's attempts (one per run)."""
 
     def __init__(self, output_dir: Path, run_dir: Path, run_started: float,
-                 event: Callable[..., object], moved: Callable[[Path, Path], None]) -> None:
+                 event: Callable[..., object], moved: Callable[[Path, Path], None],
+                 state_ok: Callable[[Path], bool] = lambda p: check_state(p).ok) -> None:
         self.output_dir, self.run_dir, self.run_started = output_dir, run_dir, run_started
+        self.state_ok = state_ok  # whether a state dir is complete (the trainer's dialect)
         self.saves = run_dir / "saves"
         self.event = event  # the journal's: every move is on record
         self.moved = moved  # the ledger follows a state it knows
@@ -72,9 +74,10 @@ class Publisher:
         return dst
 
     def state(self, src: Path, name: str, true_step: int) -> Path | None:
-        """Publish a state dir as ``name`` with its true step in ``train_state.json``."""
+        """Publish a state dir as ``name`` with its true step in ``train_state.json`` (a state without
+        one, musubi's, keeps the step in its name only)."""
         dst = self.output_dir / name
-        if not self._clear_for(dst, lambda p: check_state(p).ok):
+        if not self._clear_for(dst, self.state_ok):
             return None
         tmp = self.output_dir / f".{name}.trainsup-tmp-{os.getpid()}-{time.monotonic_ns()}"
         tmp.mkdir()

@@ -2,7 +2,8 @@
 
 sd-scripts writes ``OUTPUT_DIR/sample/[NAME_]STEP6_II_TIMESTAMP[_SEED].png`` (II: the prompt's
 place in the prompt file; an epoch's samples ``eEPOCH6``, ``--sample_at_first``'s ``e000000``), with
-the step it counts: after a resume, the attempt's own label. An attempt that writes under its own
+the step it counts: after a resume, the attempt's own label. musubi-tuner's are the same, with the
+grid index after the seed (``..._SEED_000.png``). An attempt that writes under its own
 ``NAME-trainsupN`` name (see ``adapter``) has each complete sample that the user's sample cadence asks
 for published under the user's name and its true step, a hard link (the timestamp and seed kept), and
 never over a sample of the same step and prompt this run already shows; then the attempt's file is
@@ -22,7 +23,8 @@ from pathlib import Path
 
 from ...record.fsutil import move_into
 
-_NAME = re.compile(r"^(?P<epoch>e?)(?P<number>\d{6})_(?P<index>\d{2})(?P<tail>(?:_\d{14})?(?:_\d+)?)\.png$")
+# musubi-tuner's image samples add the image's index in the grid (``_000``) after the seed.
+_NAME = re.compile(r"^(?P<epoch>e?)(?P<number>\d{6})_(?P<index>\d{2})(?P<tail>(?:_\d{14})?(?:_\d+)?(?:_\d{3})?)\.png$")
 _PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"  # the IEND chunk, the last bytes of every PNG
 
 

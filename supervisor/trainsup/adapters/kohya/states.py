@@ -4,6 +4,8 @@ kohya writes its ``train_state.json`` and then accelerate's ``save_state`` direc
 ``trainers.accelerate``: model.safetensors, optimizer.bin, scheduler.bin, [scaler.pt,]
 random_states_0.pkl), with no completion marker and nothing atomic. A state counts only when every
 file exists, ``train_state.json`` parses, and ``model.safetensors`` is whole (``accelerate``).
+A trainer of another dialect (musubi-tuner) writes no ``train_state.json``: its state is accelerate's
+files alone, one ``random_states_N.pkl`` per process last, and a step state's label is in its name.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from pathlib import Path
 
 from ...trainers import accelerate
 from ...trainers.accelerate import check_safetensors
-from .profile import STATE_FILES, parse_state_name
+from .dialect import KOHYA, Dialect
+from .profile import parse_state_name
 
 
 @dataclass(frozen=True)
@@ -26,12 +29,20 @@ class StateCheck:
     epoch: int | None = None
 
 
-def check_state(path: Path, need_scaler: bool = False) -> StateCheck:
+def check_state(path: Path, need_scaler: bool = False, dialect: Dialect = KOHYA, processes: int = 1) -> StateCheck:
+    """Whether ``path`` is a complete state; ``processes``: how many ``random_states_N.pkl`` it needs."""
     if not path.is_dir():
         return StateCheck(path, False, "not a directory")
-    missing = accelerate.missing_file(path, [*STATE_FILES, *([accelerate.SCALER] if need_scaler else [])])
+    files = accelerate.required_files(first=dialect.state_first, processes=max(1, processes))
+    missing = accelerate.missing_file(path, [*files, *([accelerate.SCALER] if need_scaler else [])])
     if missing:
         return StateCheck(path, False, missing)
+    if "train_state.json" not in dialect.state_first:
+        problem = check_safetensors(path / "model.safetensors")
+        if problem:
+            return StateCheck(path, False, problem)
+        parsed = parse_state_name(path.name)  # a step state's name holds its label; others: the caller's
+        return StateCheck(path, True, "", parsed[2] if parsed and parsed[1] == "step" else None)
     try:
         train_state = json.loads((path / "train_state.json").read_text())
         step = int(train_state["current_step"])
