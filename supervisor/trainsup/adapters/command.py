@@ -16,7 +16,6 @@ from pathlib import Path
 
 from ..faults import remedies
 from ..faults.remedies import Action, Rung
-from ..faults.rules import FaultRule
 from ..faults.verdict import NOTHING_SAID, Said
 from ..record.journal import Journal
 from ..record.ledger import Ledger, StateRecord
@@ -24,9 +23,9 @@ from ..trainers.base import (
     ANY_COMMAND,
     NO_CLAIM,
     ArgvPlan,
+    Family,
     Finding,
     Launch,
-    OutputFormat,
     Plan,
     Say,
     Setup,
@@ -96,22 +95,6 @@ class CommandRun(TrainerRun):
         return [Finding("info", "trainer", DOCTOR)]
 
 
-class CommandFamily:
-    name = "command"
-    description = "any command: restarts, hangs on silence, GPU reclaim; no states, no flag remedies"
-
-    def output(self) -> OutputFormat:
-        """A fresh format of this trainer's output (``diagnose`` reads a log with every family's)."""
-        return OutputFormat()
-
-    def rules(self) -> tuple[FaultRule, ...]:
-        return ()  # the built-in table is this trainer's wording
-
-    def detect(self, argv: Sequence[str]) -> int:
-        return ANY_COMMAND if argv else NO_CLAIM
-
-    def open(self, setup: Setup) -> TrainerRun:
-        return CommandRun(setup)
-
-
-FAMILY = CommandFamily()
+# Its output means nothing to trainsup, and the built-in table is its wording.
+FAMILY = Family("command", "any command: restarts, hangs on silence, GPU reclaim; no states, no flag remedies",
+                claim=lambda argv: ANY_COMMAND if argv else NO_CLAIM, session=CommandRun)

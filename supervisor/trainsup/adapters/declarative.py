@@ -19,16 +19,17 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ..faults.progress import Progress
-from ..faults.rules import FaultRule
 from ..record.journal import Journal
 from ..record.ledger import Ledger, StateRecord
 from ..trainers.base import (
+    NO_CLAIM,
     ArgvPlan,
+    Family,
     Finding,
     Launch,
     OutputFormat,
@@ -180,24 +181,13 @@ def _without_flag(argv: list[str], flag: str) -> list[str]:
     return out
 
 
-class DeclarativeFamily:
-    name = "declarative"
-    description = "any command plus a project's trainer: section (states, complete marker, resume, lines)"
-
-    def output(self) -> OutputFormat:
-        """A fresh format of this trainer's output (``diagnose`` reads a log with every family's)."""
-        return OutputFormat()
-
-    def rules(self) -> tuple[FaultRule, ...]:
-        return ()  # the built-in table is this trainer's wording
-
-    def detect(self, argv: Sequence[str]) -> int:
-        return 0  # chosen only by a project's trainer: mapping
-
-    def open(self, setup: Setup) -> TrainerRun:
-        if setup.section is None:
-            raise UsageError("trainer: declarative needs a trainer: section in the project file")
-        return DeclarativeRun(setup)
+def _open(setup: Setup) -> TrainerRun:
+    if setup.section is None:
+        raise UsageError("trainer: declarative needs a trainer: section in the project file")
+    return DeclarativeRun(setup)
 
 
-FAMILY = DeclarativeFamily()
+# Chosen only by a project's trainer: mapping (it claims no command); its lines are the project's.
+FAMILY = Family("declarative",
+                "any command plus a project's trainer: section (states, complete marker, resume, lines)",
+                claim=lambda argv: NO_CLAIM, session=_open)

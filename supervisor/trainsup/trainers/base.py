@@ -480,6 +480,33 @@ class TrainerFamily(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Family:
+    """A ``TrainerFamily`` made of its parts, for an adapter that needs nothing more: its name and
+    description, how it claims a command (``claim``, on the claim scale), the session it opens
+    (``session``: the ``TrainerRun`` class, or any callable taking the ``Setup``), the format of its
+    output (``output_format``: a class or factory; the default knows nothing) and its family rules."""
+
+    name: str
+    description: str
+    claim: Callable[[Sequence[str]], int]
+    session: Callable[[Setup], TrainerRun]
+    output_format: Callable[[], OutputFormat] = OutputFormat
+    family_rules: tuple[FaultRule, ...] = ()
+
+    def detect(self, argv: Sequence[str]) -> int:
+        return self.claim(argv)
+
+    def open(self, setup: Setup) -> TrainerRun:
+        return self.session(setup)
+
+    def output(self) -> OutputFormat:
+        return self.output_format()
+
+    def rules(self) -> tuple[FaultRule, ...]:
+        return self.family_rules
+
+
 def restart_with_same_settings(action: Action) -> str | None:
     """The actions every trainer carries out the same way (the engine does them, not a plan edit)."""
     if action.kind in ("restart", "upgrade", "stop", "wait_foreign"):

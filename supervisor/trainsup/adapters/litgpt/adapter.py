@@ -15,7 +15,7 @@ current generation are resumed from.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 from ...faults.remedies import Action, Rung
@@ -26,9 +26,9 @@ from ...record.ledger import Ledger, StateRecord
 from ...trainers.base import (
     NAMES_SCRIPT,
     NO_CLAIM,
+    Family,
     Finding,
     Launch,
-    OutputFormat,
     Plan,
     Say,
     Setup,
@@ -230,23 +230,6 @@ class LitgptRun(TrainerRun):
         return 3.0 * size, f"3 x {weights} (the weights and AdamW's two moments)"
 
 
-class LitgptFamily:
-    name = "litgpt"
-    description = "LitGPT (litgpt finetune_lora, finetune_full, finetune_adapter[_v2], pretrain)"
-
-    def detect(self, argv: Sequence[str]) -> int:
-        return NAMES_SCRIPT if find_subcommand(list(argv)) is not None else NO_CLAIM
-
-    def open(self, setup: Setup) -> TrainerRun:
-        return LitgptRun(setup)
-
-    def output(self) -> OutputFormat:
-        """A fresh format of this trainer's output (``diagnose`` reads a log with every family's)."""
-        return LitOutput()
-
-    def rules(self) -> tuple[FaultRule, ...]:
-        """LitGPT's wording, for ``diagnose`` on a log whose trainer it does not know."""
-        return FAMILY_RULES
-
-
-FAMILY = LitgptFamily()
+FAMILY = Family("litgpt", "LitGPT (litgpt finetune_lora, finetune_full, finetune_adapter[_v2], pretrain)",
+                claim=lambda argv: NAMES_SCRIPT if find_subcommand(list(argv)) is not None else NO_CLAIM,
+                session=LitgptRun, output_format=LitOutput, family_rules=FAMILY_RULES)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +26,9 @@ from ...record.ledger import Ledger, StateRecord
 from ...trainers.base import (
     NAMES_SCRIPT,
     NO_CLAIM,
+    Family,
     Finding,
     Launch,
-    OutputFormat,
     Plan,
     Samples,
     Say,
@@ -228,23 +228,6 @@ class OneTrainerRun(TrainerRun):
         return None
 
 
-class OneTrainerFamily:
-    name = "onetrainer"
-    description = "OneTrainer (python scripts/train.py --config-path CONFIG.json)"
-
-    def detect(self, argv: Sequence[str]) -> int:
-        return NAMES_SCRIPT if find_script(list(argv)) is not None else NO_CLAIM
-
-    def open(self, setup: Setup) -> TrainerRun:
-        return OneTrainerRun(setup)
-
-    def output(self) -> OutputFormat:
-        """A fresh format of this trainer's output (``diagnose`` reads a log with every family's)."""
-        return OTOutput()
-
-    def rules(self) -> tuple[FaultRule, ...]:
-        """OneTrainer's wording, for ``diagnose`` on a log whose trainer it does not know."""
-        return FAMILY_RULES
-
-
-FAMILY = OneTrainerFamily()
+FAMILY = Family("onetrainer", "OneTrainer (python scripts/train.py --config-path CONFIG.json)",
+                claim=lambda argv: NAMES_SCRIPT if find_script(list(argv)) is not None else NO_CLAIM,
+                session=OneTrainerRun, output_format=OTOutput, family_rules=FAMILY_RULES)
