@@ -177,7 +177,8 @@ SECTIONS: Final = (
                                                             "read"),
         _kind(INFO, "something said once (no GPU readable; a kill that was not for memory)",
               "attempt?", "message"),
-        _kind(WARNING, "an adapter's warning on the trainer's start-up summary",
+        _kind(WARNING, "an adapter's warning: on the trainer's start-up summary, or an input edit the trainer "
+                       "cannot see (musubi-tuner's cached captions and images)",
               "attempt", "message", more="the adapter's fields", dynamic=True),
         _kind(FINISHED, "training finished (a supervisor's last record)",
               "reason", "final_weights", "attempt",

@@ -22,7 +22,8 @@ from typing import Any
 
 from ...faults.remedies import Rung
 from ...faults.rules import FaultRule
-from ...record.ledger import StateRecord
+from ...record.journal import Journal
+from ...record.ledger import Ledger, StateRecord
 from ...trainers.base import (
     NAMES_SCRIPT,
     NO_CLAIM,
@@ -31,6 +32,7 @@ from ...trainers.base import (
     OutputFormat,
     Plan,
     Samples,
+    Say,
     Setup,
     TrainerRun,
     UsageError,
@@ -42,6 +44,7 @@ from ..kohya.identity import identity_fields
 from ..kohya.plan import LaunchPlan
 from ..kohya.prepare import prepare
 from . import doctor as musubi_doctor
+from .inputs import MusubiInputs
 from .output import TOTAL_STEPS, MusubiOutput
 from .profile import MUSUBI, is_training_script
 from .remedies import ladder as musubi_ladder
@@ -93,6 +96,11 @@ class MusubiRun(KohyaRun):
             self.epochs = int(str(epochs)) if epochs is not None else None
         except ValueError:
             raise UsageError(f"--max_train_epochs: expected an integer, got {epochs!r}") from None
+
+    def bind(self, run_dir: Path, ledger: Ledger, journal: Journal, say: Say) -> None:
+        super().bind(run_dir, ledger, journal, say)
+        # Its media and captions reach it only through its caches: an edit is said, never applied.
+        self.kohya_inputs = self.inputs = MusubiInputs(self.plan, self.cwd, run_dir, self.settings, journal, say)
 
     def identity(self) -> dict[str, Any]:
         given = prepare(list(self.given), self.cwd, self.settings, as_given=True, dialect=MUSUBI)

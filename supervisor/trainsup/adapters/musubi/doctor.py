@@ -4,9 +4,15 @@ before it starts, read from the command and its files only.
 - no attention flag (``--sdpa``, ``--flash_attn``, ``--sage_attn``, ``--xformers``, ``--flash3``):
   musubi exits 1 before the DiT loads;
 - no ``--output_name``: musubi trains to the end and dies at the final save (no final LoRA);
-- its dataset TOML unreadable, an ``image_directory``/``video_directory`` missing, or a dataset's
-  ``cache_directory`` without the latent caches musubi trains on (it reads only the caches, written
-  by its separate caching scripts, and exits 1 with none);
+- its dataset TOML unreadable, or an ``image_directory``/``video_directory`` missing;
+- its caches (``caches``): none a run could train on (musubi exits 1, ``No training items found``)
+  is a blocker; a latent cache without its text-encoder cache (the item is skipped), media without
+  a latent cache (not trained on), a cache of deleted media (still trained on), and a caption or
+  image edited since its cache was made (training would use the old one) are warnings; the fix is
+  the caching commands, built from the training command's model paths;
+- on a CPU-only torch (its version's ``+cpu`` label; trainsup knows no more of the GPU here):
+  ``--fp8_base`` without ``--fp8_scaled`` and ``--blocks_to_swap`` fail at the first step (both
+  seen on the realmusubi CPU bed), ``--fp8_base --fp8_scaled`` runs, slower;
 - a ``--sample_prompts`` file that is not there; a ``--resume`` that is not a complete state;
 - the packages sd-scripts' doctor asks for (torch, safetensors, accelerate), as there.
 """
@@ -21,12 +27,13 @@ from ..kohya import doctor as kohya_doctor
 from ..kohya import tomlio
 from ..kohya.doctor_checks import CommandView
 from ..kohya.states import check_state
+from . import caches
 from .profile import ATTENTION, MUSUBI
 
 
 def findings(view: CommandView, facts: DoctorFacts) -> list[Finding]:
     return [*view.config_findings, *kohya_doctor.packages(view, facts), *_attention(view), *_output_name(view),
-            *_dataset(view), *_prompts(view), *_resume(view)]
+            *_dataset(view), *_prompts(view), *_resume(view), *_cpu_only(view, facts)]
 
 
 def _attention(view: CommandView) -> list[Finding]:
@@ -73,12 +80,72 @@ def _dataset(view: CommandView) -> list[Finding]:
             if path is not None and not path.is_dir():
                 out.append(Finding("blocker", "missing_dataset", f"{config.name} datasets[{i}].{key} "
                                    f"{ds.get(key)}: no such directory", f"fix {key}"))
-        cache = _path(ds.get("cache_directory"), view.cwd) or _path(ds.get("image_directory"), view.cwd)
-        if cache is not None and cache.is_dir() and not any(cache.glob("*.safetensors")):
-            out.append(Finding("blocker", "missing_cache", f"{config.name} datasets[{i}]: no latent cache in "
-                               f"{cache} (musubi-tuner trains only on its caches and stops with 'No training "
-                               "items found')", "run the model's *_cache_latents.py and "
-                               "*_cache_text_encoder_outputs.py scripts with this --dataset_config first"))
+    return out if out else _caches(view, config, doc)
+
+
+def _caches(view: CommandView, config: Path, doc: dict[str, Any]) -> list[Finding]:
+    """The caches musubi would train on, against the dataset's media and captions."""
+    caching = caches.caching_for(view.command.script)
+    commands = caches.caching_commands(view.command, str(view.value("dataset_config")))
+    models = caches.missing_models(view.command)
+    if commands is None:
+        latents_fix = text_fix = both = ("run the model's *_cache_latents.py and *_cache_text_encoder_outputs.py "
+                                         "scripts with this --dataset_config")
+    else:
+        given = f" (with your {', '.join(models)})" if models else ""
+        latents_fix, text_fix = (f"run {c}{given}" for c in commands)
+        both = f"run {commands[0]}, then {commands[1]}{given}"
+    reports = [caches.inspect(ds, caching.architectures if caching else ()) for ds in caches.datasets(doc, view.cwd)]
+    where = config.name
+    if reports and not sum(r.trainable for r in reports):
+        parts = [f"datasets[{r.dataset.index}]: " + (f"{len(r.no_te)} latent cache(s) without their text-encoder "
+                                                     f"cache in {r.dataset.cache_dir}" if r.latents else
+                                                     f"no latent cache in {r.dataset.cache_dir}") for r in reports]
+        return [Finding("blocker", "missing_cache", f"{where}: nothing to train on ({'; '.join(parts)}): "
+                        "musubi-tuner trains only on its caches and stops with 'No training items found'", both)]
+    out = []
+    for r in reports:
+        at = f"{where} datasets[{r.dataset.index}]"
+        if not r.latents:
+            out.append(Finding("warning", "missing_cache", f"{at}: no latent cache in {r.dataset.cache_dir}: "
+                               "musubi-tuner trains without this dataset", both))
+            continue
+        if r.no_te:
+            out.append(Finding("warning", "missing_te_cache", f"{at}: no text-encoder cache for "
+                               f"{caches.shown(r.no_te)}: musubi-tuner skips them (a WARNING line) and trains "
+                               "on the rest", text_fix))
+        if r.uncached:
+            out.append(Finding("warning", "uncached_media", f"{at}: no latent cache for {caches.shown(r.uncached)}: "
+                               "musubi-tuner does not train on them", both))
+        if r.orphans:
+            out.append(Finding("warning", "orphan_cache", f"{at}: cache(s) of {caches.shown(r.orphans)}, whose "
+                               f"{'video' if r.dataset.video else 'image'} is gone: musubi-tuner still trains on "
+                               "them", f"{latents_fix} (it deletes caches of removed items unless --keep_cache)"))
+        if r.stale_media:
+            out.append(Finding("warning", "stale_cache", f"{at}: {caches.shown(r.stale_media)} changed after its "
+                               "latent cache was made: musubi-tuner would train on the old one", latents_fix))
+        if r.stale_captions:
+            out.append(Finding("warning", "stale_cache", f"{at}: the caption of {caches.shown(r.stale_captions)} "
+                               "differs from the one its text-encoder cache was made from: musubi-tuner would "
+                               "train on the old caption", text_fix))
+    return out
+
+
+def _cpu_only(view: CommandView, facts: DoctorFacts) -> list[Finding]:
+    """Flags that need CUDA, on a torch built without it (a ``+cpu`` version). Any other torch, or none
+    found, says nothing certain about CUDA here: no finding."""
+    torch = facts.versions.get("torch")
+    if not torch or "+cpu" not in torch:
+        return []
+    out = []
+    if view.on("fp8_base") and not view.on("fp8_scaled"):
+        out.append(Finding("blocker", "fp8_on_cpu", f"--fp8_base without --fp8_scaled on torch {torch} (no CUDA): "
+                           "musubi-tuner fails at the first step (mat1 and mat2 must have the same dtype)",
+                           "add --fp8_scaled, or drop --fp8_base"))
+    if view.on("blocks_to_swap"):
+        out.append(Finding("blocker", "block_swap_on_cpu", f"--blocks_to_swap on torch {torch} (no CUDA): "
+                           "musubi-tuner swaps blocks with CUDA streams and fails at the first step",
+                           "drop --blocks_to_swap (on CPU, --gradient_checkpointing saves memory)"))
     return out
 
 

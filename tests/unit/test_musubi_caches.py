@@ -1,0 +1,193 @@
+"""musubi-tuner's caches (issue 31): doctor finds a dataset musubi could not train on, a latent cache
+without its text-encoder cache, media without caches or caches without media, and a caption or image
+edited since its cache was made, each with the caching commands; ``--fp8_base`` alone and
+``--blocks_to_swap`` on a CPU-only torch; and a run says once that an edited caption or image is not
+trained on until re-cached, never touching the user's caches. The caches are built here as musubi
+writes them (names, safetensors with ``caption1``), without musubi."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from tests.contract.kit import launched
+from trainsup.adapters.musubi.adapter import MusubiRun
+from trainsup.adapters.musubi.caches import caching_commands, datasets, inspect
+from trainsup.record.journal import Journal, read_events
+from trainsup.record.ledger import Ledger
+from trainsup.trainers.base import DoctorFacts, Finding, Setup
+from trainsup.trainers.cmdline import TrainerCommand
+
+ITEMS = ("img00", "img01", "img02")
+
+
+def _bed(tmp: Path, items: tuple[str, ...] = ITEMS, te: tuple[str, ...] = ITEMS,
+         latents: tuple[str, ...] = ITEMS) -> Path:
+    """A Wan dataset: images with captions in img/, their caches in cache/, as musubi's scripts write them."""
+    img, cache = tmp / "img", tmp / "cache"
+    img.mkdir()
+    cache.mkdir()
+    for item in items:
+        (img / f"{item}.png").write_bytes(b"png")
+        (img / f"{item}.txt").write_text(f"a photo of {item}\n")
+        os.utime(img / f"{item}.png", (1_000_000, 1_000_000))
+    for item in latents:
+        save_file({"latents_1x8x8_bfloat16": np.zeros((16, 1, 8, 8), np.float32)},
+                  str(cache / f"{item}_0064x0064_wan.safetensors"),
+                  metadata={"architecture": "wan", "width": "64", "height": "64", "format_version": "1.0.1"})
+    for item in te:
+        save_file({"varlen_t5_bfloat16": np.zeros((3, 8), np.float32)}, str(cache / f"{item}_wan_te.safetensors"),
+                  metadata={"architecture": "wan", "caption1": f"a photo of {item}", "format_version": "1.0.1"})
+    toml = tmp / "dataset.toml"
+    toml.write_text('[general]\nresolution = [64, 64]\ncaption_extension = ".txt"\nbatch_size = 1\n\n'
+                    '[[datasets]]\nimage_directory = "img"\ncache_directory = "cache"\n')
+    return toml
+
+
+def _argv(tmp: Path, *extra: str) -> tuple[str, ...]:
+    return ("accelerate", "launch", "src/musubi_tuner/wan_train_network.py", "--task", "t2v-1.3B", "--sdpa",
+            "--dit", "dit.safetensors", "--dataset_config", str(tmp / "dataset.toml"), "--output_dir",
+            str(tmp / "out"), "--output_name", "tiny", "--max_train_steps", "20", *extra)
+
+
+def _doctor(tmp: Path, *extra: str, torch: str | None = None) -> list[Finding]:
+    run = MusubiRun(Setup(_argv(tmp, *extra), tmp, as_given=True))
+    if torch is not None:
+        run.doctor_facts = DoctorFacts("python", {"torch": torch, "safetensors": "0.4.5", "accelerate": "1.0"})
+    return run.doctor(dict(os.environ))
+
+
+def _ids(findings: list[Finding], severity: str) -> list[str]:
+    return [f.id for f in findings if f.severity == severity]
+
+
+def test_nothing_cached_is_a_blocker_whose_fix_is_both_caching_commands(tmp_path: Path) -> None:
+    _bed(tmp_path, te=(), latents=())
+    findings = _doctor(tmp_path, "--vae", "models/Wan2.1_VAE.pth")
+    blocker = next(f for f in findings if f.id == "missing_cache")
+    assert blocker.severity == "blocker" and "No training items found" in blocker.message
+    assert "src/musubi_tuner/wan_cache_latents.py --dataset_config" in blocker.fix
+    assert "--vae models/Wan2.1_VAE.pth" in blocker.fix  # the training command's own VAE
+    assert "src/musubi_tuner/wan_cache_text_encoder_outputs.py" in blocker.fix and "--t5 T5" in blocker.fix
+    assert "--t5" in blocker.fix.rsplit("(", 1)[-1]  # and it says which model path to give
+
+
+def test_latent_caches_without_any_text_encoder_cache_are_nothing_to_train_on(tmp_path: Path) -> None:
+    _bed(tmp_path, te=())
+    findings = _doctor(tmp_path)
+    assert "missing_cache" in _ids(findings, "blocker")
+    assert "3 latent cache(s) without their text-encoder cache" in next(
+        f.message for f in findings if f.id == "missing_cache")
+
+
+def test_a_complete_fresh_cache_says_nothing(tmp_path: Path) -> None:
+    _bed(tmp_path)
+    cache_ids = {"missing_cache", "missing_te_cache", "uncached_media", "orphan_cache", "stale_cache"}
+    assert not cache_ids & {f.id for f in _doctor(tmp_path)}
+
+
+def test_an_item_without_its_text_encoder_cache_is_a_warning_naming_it(tmp_path: Path) -> None:
+    _bed(tmp_path, te=("img00", "img02"))
+    findings = _doctor(tmp_path, "--t5", "t5.safetensors")
+    warning = next(f for f in findings if f.id == "missing_te_cache")
+    assert warning.severity == "warning" and "img01" in warning.message and "img00" not in warning.message
+    assert "wan_cache_text_encoder_outputs.py" in warning.fix and "--t5 t5.safetensors" in warning.fix
+    assert not _ids(findings, "blocker")
+
+
+def test_an_edited_caption_is_stale_against_its_text_encoder_caches_caption1(tmp_path: Path) -> None:
+    _bed(tmp_path)
+    (tmp_path / "img" / "img02.txt").write_text("a drawing of a cube\n")
+    stale = [f for f in _doctor(tmp_path) if f.id == "stale_cache"]
+    assert len(stale) == 1 and stale[0].severity == "warning"
+    assert "img02" in stale[0].message and "caption" in stale[0].message
+    assert "wan_cache_text_encoder_outputs.py" in stale[0].fix
+    (tmp_path / "img" / "img02.txt").write_text("  a photo of img02  \n")  # musubi strips it: the same
+    assert not [f for f in _doctor(tmp_path) if f.id == "stale_cache"]
+
+
+def test_an_image_newer_than_its_latent_cache_is_stale(tmp_path: Path) -> None:
+    _bed(tmp_path)
+    os.utime(tmp_path / "img" / "img01.png")  # now: after the cache was made
+    stale = [f for f in _doctor(tmp_path) if f.id == "stale_cache"]
+    assert len(stale) == 1 and "img01" in stale[0].message and "wan_cache_latents.py" in stale[0].fix
+
+
+def test_media_without_caches_and_caches_without_media_are_warnings(tmp_path: Path) -> None:
+    _bed(tmp_path, latents=("img00", "img01"), te=("img00", "img01"))
+    (tmp_path / "img" / "img00.png").unlink()
+    findings = _doctor(tmp_path)
+    assert "img02" in next(f.message for f in findings if f.id == "uncached_media")
+    orphan = next(f for f in findings if f.id == "orphan_cache")
+    assert "img00" in orphan.message and "still trains on" in orphan.message
+
+
+def test_fp8_base_alone_and_block_swap_are_blocked_on_a_cpu_only_torch(tmp_path: Path) -> None:
+    _bed(tmp_path)
+    cpu = _doctor(tmp_path, "--fp8_base", "--blocks_to_swap", "10", torch="2.7.1+cpu")
+    assert {"fp8_on_cpu", "block_swap_on_cpu"} <= set(_ids(cpu, "blocker"))
+    scaled = _doctor(tmp_path, "--fp8_base", "--fp8_scaled", torch="2.7.1+cpu")  # runs on the CPU bed
+    assert "fp8_on_cpu" not in {f.id for f in scaled}
+    cuda = _doctor(tmp_path, "--fp8_base", "--blocks_to_swap", "10", torch="2.7.1+cu128")
+    assert not {"fp8_on_cpu", "block_swap_on_cpu"} & {f.id for f in cuda}
+    assert not {"fp8_on_cpu", "block_swap_on_cpu"} & {f.id for f in _doctor(tmp_path, "--fp8_base")}  # unknown
+
+
+def test_caching_commands_follow_the_scripts_form_and_models() -> None:
+    module = TrainerCommand.parse("python -m musubi_tuner.qwen_image_train_network --dit d --vae v "
+                                  "--text_encoder te --dataset_config ds.toml".split())
+    latents, text = caching_commands(module, "ds.toml") or []
+    assert latents == "python -m musubi_tuner.qwen_image_cache_latents --dataset_config ds.toml --vae v"
+    assert text == "python -m musubi_tuner.qwen_image_cache_text_encoder_outputs --dataset_config ds.toml " \
+                   "--text_encoder te"
+    hv = TrainerCommand.parse("accelerate launch hv_train_network.py --dit d".split())
+    assert caching_commands(hv, "d.toml") == [
+        "python cache_latents.py --dataset_config d.toml --vae VAE",
+        ("python cache_text_encoder_outputs.py --dataset_config d.toml --text_encoder1 TEXT_ENCODER1 "
+         "--text_encoder2 TEXT_ENCODER2")]
+
+
+def test_a_video_datasets_caches_pair_by_item(tmp_path: Path) -> None:
+    (tmp_path / "v").mkdir()
+    (tmp_path / "v" / "clip_a.mp4").write_bytes(b"mp4")
+    save_file({"x": np.zeros(1, np.float32)}, str(tmp_path / "v" / "clip_a_00000-025_0640x0360_hv.safetensors"))
+    save_file({"x": np.zeros(1, np.float32)}, str(tmp_path / "v" / "clip_a_hv_te.safetensors"))
+    [ds] = datasets({"datasets": [{"video_directory": "v", "caption_extension": ".txt"}]}, tmp_path)
+    report = inspect(ds, ("hv",))
+    assert report.trainable == 1 and not report.no_te and not report.uncached and not report.orphans
+
+
+def _bound(tmp: Path, said: list[str]) -> tuple[MusubiRun, Path]:
+    run = MusubiRun(Setup(_argv(tmp, "--vae", "vae.pth", "--t5", "t5.safetensors"), tmp))
+    run_dir = tmp / "out" / ".trainsup"
+    run_dir.mkdir(parents=True)
+    run.bind(run_dir, Ledger.load(run_dir / "ledger.json"), Journal(run_dir), said.append)
+    return run, run_dir
+
+
+def test_an_edited_caption_or_image_during_a_run_is_said_once_with_the_caching_commands(tmp_path: Path) -> None:
+    _bed(tmp_path)
+    said: list[str] = []
+    run, run_dir = _bound(tmp_path, said)
+    cache = tmp_path / "cache"
+    before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in cache.iterdir()}
+    launched(run, run.plan.copy(), 1, None, run_dir)
+    caption, image = (tmp_path / "img" / "img01.txt").resolve(), (tmp_path / "img" / "img02.png").resolve()
+    caption.write_text("a new caption\n")
+    assert run.inputs.owns(caption) and run.inputs.owns(image)
+    assert run.inputs.on_change(caption, "modified", run.plan) == "none"
+    assert run.inputs.on_change(image, "modified", run.plan) == "none"
+    assert run.inputs.on_change(caption, "modified", run.plan) == "none"
+    warned = [s for s in said if "musubi-tuner trains only on its caches" in s]
+    assert len(warned) == 1 and "img01.txt" in warned[0]
+    assert "wan_cache_latents.py --dataset_config" in warned[0] and "--vae vae.pth" in warned[0]
+    assert "wan_cache_text_encoder_outputs.py" in warned[0] and "--t5 t5.safetensors" in warned[0]
+    events = read_events(run_dir)
+    assert [e["path"] for e in events if e["event"] == "warning"] == [str(caption), str(image)]
+    assert not [e for e in events if e["event"] in ("change_scheduled", "change_applied")]  # never "applied"
+    launched(run, run.plan.copy(), 2, None, run_dir)
+    assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in cache.iterdir()} == before
+    assert not (run_dir / "invalidated").exists()
