@@ -79,8 +79,9 @@ def caching_for(script: str) -> Caching | None:
 
 def caching_commands(command: TrainerCommand, dataset_config: str) -> list[str] | None:
     """The two caching commands for this training command's dataset TOML, next to its script, with the
-    model paths its command gives (a placeholder in capitals where it gives none); None for a script
-    whose caching scripts are not known."""
+    model paths its command gives (a placeholder in capitals where it gives none: musubi's training
+    command needs its VAE and text encoder only for sampling); None for a script whose caching scripts
+    are not known."""
     caching = caching_for(command.script)
     if caching is None:
         return None
@@ -90,8 +91,11 @@ def caching_commands(command: TrainerCommand, dataset_config: str) -> list[str] 
     except ValueError:
         at = len(launcher) - 1
     token = launcher[at]
-    first = launcher[0].rsplit("/", 1)[-1]
-    python = launcher[0] if first.startswith("python") else "python"
+    head, _, first = launcher[0].rpartition("/")
+    # The caching scripts run under the trainer's Python: the launcher itself, or the python next to
+    # its accelerate (a venv's bin/).
+    python = launcher[0] if first.startswith("python") else \
+        f"{head}/python" if head and Path(f"{head}/python").exists() else "python"
 
     def script(name: str) -> list[str]:
         if at > 0 and launcher[at - 1] == "-m":
@@ -114,17 +118,6 @@ def caching_commands(command: TrainerCommand, dataset_config: str) -> list[str] 
     text = script(caching.text) + ["--dataset_config", dataset_config] + models(
         caching.text_flags, tuple(f for f in caching.text_flags if f not in ("model_version", "model_type", "dit")))
     return [shlex.join(latents), shlex.join(text)]
-
-
-def missing_models(command: TrainerCommand) -> list[str]:
-    """The model flags the caching scripts need that the training command does not give (musubi's
-    training command needs its VAE and text encoder only for sampling)."""
-    caching = caching_for(command.script)
-    if caching is None:
-        return []
-    optional = ("model_version", "model_type", "dit")
-    return [f"--{f}" for f in (*caching.latent_flags, *caching.text_flags)
-            if f not in optional and command.get(f) is None]
 
 
 # --- a dataset's caches ------------------------------------------------------------------------------

@@ -87,14 +87,12 @@ def _caches(view: CommandView, config: Path, doc: dict[str, Any]) -> list[Findin
     """The caches musubi would train on, against the dataset's media and captions."""
     caching = caches.caching_for(view.command.script)
     commands = caches.caching_commands(view.command, str(view.value("dataset_config")))
-    models = caches.missing_models(view.command)
     if commands is None:
         latents_fix = text_fix = both = ("run the model's *_cache_latents.py and *_cache_text_encoder_outputs.py "
                                          "scripts with this --dataset_config")
     else:
-        given = f" (with your {', '.join(models)})" if models else ""
-        latents_fix, text_fix = (f"run {c}{given}" for c in commands)
-        both = f"run {commands[0]}, then {commands[1]}{given}"
+        latents_fix, text_fix = (f"run {c}" for c in commands)
+        both = f"run {commands[0]}, then {commands[1]}"
     reports = [caches.inspect(ds, caching.architectures if caching else ()) for ds in caches.datasets(doc, view.cwd)]
     where = config.name
     if reports and not sum(r.trainable for r in reports):

@@ -33,7 +33,6 @@ class MusubiInputs(KohyaInputs):
         self.datasets = [d for d in caches.datasets(doc, cwd) if d.media_dir is not None]
         dataset_config = plan.value("dataset_config")
         self.commands = caches.caching_commands(plan.command, str(dataset_config)) if dataset_config else None
-        self.models_missing = caches.missing_models(plan.command)
         self.stale: list[Path] = []  # media and captions edited since the run started, in order
 
     def subsets(self) -> list[Subset]:
@@ -74,6 +73,5 @@ class MusubiInputs(KohyaInputs):
     def how_to_recache(self) -> str:
         if self.commands is None:
             return "run the model's caching scripts (*_cache_latents.py, *_cache_text_encoder_outputs.py) again"
-        given = f" (give your {', '.join(self.models_missing)})" if self.models_missing else ""
-        return f"run {self.commands[0]} and {self.commands[1]}{given}"
+        return f"run {self.commands[0]} and {self.commands[1]}"
 
