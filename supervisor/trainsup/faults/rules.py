@@ -189,8 +189,12 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
     ),
     FaultRule(
         id="fp8_op_unsupported",
-        patterns=(r"not implemented for 'Float8_e[45]m\w*'", r"Promotion for Float8 Types is not supported"),
-        explanation="An operation has no float8 kernel on this setup, so the model cannot be kept in float8 here.",
+        patterns=(r"not implemented for 'Float8_e[45]m\w*'", r"Promotion for Float8 Types is not supported",
+                  # float8 weights met by an input autocast did not cast (musubi's --fp8_base without
+                  # --fp8_scaled on a CPU, where autocast refuses float32: seen on its real bed)
+                  r"must have the same dtype, but got (?:\w+ and Float8_e[45]m\w*|Float8_e[45]m\w* and \w+)"),
+        explanation="An operation has no float8 kernel on this setup, or float8 weights meet an input that "
+        "was not cast to them, so the model cannot be kept in float8 this way here.",
     ),
     FaultRule(
         id="meta_tensor",
