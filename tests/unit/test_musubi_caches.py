@@ -211,3 +211,21 @@ def test_an_edited_caption_or_image_during_a_run_is_said_once_with_the_caching_c
     launched(run, run.plan.copy(), 2, None, run_dir)
     assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in cache.iterdir()} == before
     assert not (run_dir / "invalidated").exists()
+
+
+def test_a_dataset_toml_edit_of_what_only_caching_reads_is_rejected_batch_size_applies(tmp_path: Path) -> None:
+    toml = _bed(tmp_path)
+    said: list[str] = []
+    run, run_dir = _bound(tmp_path, said)
+    launched(run, run.plan.copy(), 1, None, run_dir)
+    toml.write_text(toml.read_text().replace("resolution = [64, 64]", "resolution = [128, 128]"))
+    assert run.inputs.on_change(toml.resolve(), "modified", run.plan) == "none"
+    rejected = [e for e in read_events(run_dir) if e["event"] == "change_rejected"]
+    assert len(rejected) == 1 and "resolution" in rejected[0]["reason"]
+    assert "wan_cache_latents.py" in rejected[0]["reason"]
+    assert any("is not applied" in s and "resolution" in s for s in said)
+    toml.write_text(toml.read_text().replace("resolution = [128, 128]", "resolution = [64, 64]")
+                    .replace("batch_size = 1", "batch_size = 2"))
+    assert run.inputs.on_change(toml.resolve(), "modified", run.plan) == "at_checkpoint"
+    argv = launched(run, run.plan.copy(), 2, None, run_dir)
+    assert "batch_size = 2" in Path(argv[argv.index("--dataset_config") + 1]).read_text()

@@ -27,6 +27,11 @@ from ...trainers.sthead import HeaderError, load_header
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp", ".avif", ".jxl"})
 VIDEO_SUFFIXES = frozenset({".mp4", ".webm", ".avi", ".mkv", ".mov", ".flv", ".wmv", ".m4v", ".gif"})
 SHOWN = 5  # item names a finding lists before "and N more"
+# Dataset keys only its caching scripts read (how images and frames become latents, which caption
+# file becomes a text-encoder cache): the trainer itself reads the caches, so an edit of one changes
+# nothing until they are made again.
+CACHE_BOUND = ("resolution", "enable_bucket", "bucket_no_upscale", "caption_extension", "target_frames",
+               "frame_extraction", "frame_stride", "frame_sample", "max_frames", "source_fps", "target_fps")
 
 
 @dataclass(frozen=True)
@@ -167,6 +172,21 @@ def datasets(doc: dict[str, Any], cwd: Path) -> list[Dataset]:
         out.append(Dataset(i, _resolve(ds.get("cache_directory"), cwd) or media, media, video,
                            ext if isinstance(ext, str) and ext else None))
     return out
+
+
+def cache_bound_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The ``CACHE_BOUND`` keys an edit of the dataset TOML changes (``[general]`` under each dataset,
+    as musubi merges it); ``[[datasets]]`` itself when datasets were added or removed."""
+    def view(doc: dict[str, Any]) -> list[dict[str, Any]]:
+        found, listed = doc.get("general"), doc.get("datasets")
+        general: dict[str, Any] = found if isinstance(found, dict) else {}
+        tables: list[Any] = listed if isinstance(listed, list) else []
+        return [{k: {**general, **t}.get(k) for k in CACHE_BOUND} for t in tables if isinstance(t, dict)]
+
+    before, after = view(old), view(new)
+    if len(before) != len(after):
+        return ["[[datasets]]"]
+    return [k for k in CACHE_BOUND if any(b[k] != a[k] for b, a in zip(before, after))]
 
 
 def _latent_name(architectures: tuple[str, ...], video: bool) -> re.Pattern[str]:

@@ -5,8 +5,11 @@ An edit of a caption or an image during a run reaches no attempt of musubi's, th
 included: its caching scripts made the caches the trainer reads before the run, and only running
 them again changes what it trains on. So such an edit is said once, on the console, with the caching
 commands (each edited file is journaled as a ``warning``), instead of trainsup implying it applied.
-The user's cache directory is never touched, and sd-scripts' setting aside of stale caches never
-runs here (musubi's caches are its own files, not sd-scripts' ``.npz``).
+An edit of the dataset TOML that changes what only the caching scripts read (resolution, bucketing,
+caption extension, frames: ``caches.CACHE_BOUND``) is rejected with the same commands: applied without
+re-caching, the run would train on the old caches under settings that say otherwise (its batch size
+and repeats still apply). The user's cache directory is never touched, and sd-scripts' setting aside
+of stale caches never runs here (musubi's caches are its own files, not sd-scripts' ``.npz``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from ...record.journal import Journal
 from ...record.textfmt import shown_path
 from ...sensors.watch import FileWatcher
 from ...trainers.base import EditAction, Plan, Settings
+from ..kohya import tomlio
 from ..kohya.caches import Subset
 from ..kohya.inputs import KohyaInputs
 from ..kohya.plan import LaunchPlan
@@ -55,6 +59,20 @@ class MusubiInputs(KohyaInputs):
             self._cache_bound(path)
             return "none"
         return super().on_change(path, kind, plan)
+
+    def _config_changed(self, path: Path, dataset: bool) -> EditAction:
+        if dataset and isinstance(self.dataset_doc, dict):
+            try:
+                new = tomlio.read_toml(path)
+            except tomlio.ConfigFileError:
+                new = None  # sd-scripts' check rejects it with its line
+            bound = caches.cache_bound_changes(self.dataset_doc, new) if new is not None else []
+            if bound:
+                # Applied, it would train on the old caches under settings that say otherwise.
+                return self.edits.reject(path, f"musubi-tuner trains on caches made with the old "
+                                         f"{', '.join(bound)}; to change it, stop the run, {self.how_to_recache()} "
+                                         "with the edited file, then start the run again", None)
+        return super()._config_changed(path, dataset)
 
     def _cache_bound(self, path: Path) -> None:
         if path in self.stale:
