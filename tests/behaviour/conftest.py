@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.behaviour.beds import BEDS, Bed
+from tests.behaviour.beds import BEDS, LONG, Bed
 from tests.behaviour.harness import POLICY, Ctx, Run, digest_tree, supervise
 
 
@@ -120,13 +120,21 @@ def cut_run(bed: Bed, tmp_path_factory: pytest.TempPathFactory) -> Run:
     return _run(bed, "cut", tmp_path_factory, kill_at_state_10(bed, cut=True))
 
 
+def long_case(bed: Bed) -> None:
+    """Skip, saying why, a case the bed leaves to the long command (``Bed.long_cases``)."""
+    if bed.long_cases is not None and os.environ.get(LONG) != "1":
+        pytest.skip(f"{bed.name}: {bed.long_cases}")
+
+
 @pytest.fixture(scope="module")
 def seeded_between_saves_run(bed: Bed, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    long_case(bed)
     return _run(bed, "kill", tmp_path_factory, kill_at_seeded_step(bed, "between saves"))
 
 
 @pytest.fixture(scope="module")
 def seeded_inside_a_save_run(bed: Bed, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    long_case(bed)
     return _run(bed, "kill", tmp_path_factory, kill_at_seeded_step(bed, "inside a save"))
 
 
