@@ -60,6 +60,33 @@ def kept_after_move(path: Path, digest: str, events: list[dict[str, Any]]) -> bo
     return False
 
 
+def built_bed(setup: Path, where: str, what: str, env: dict[str, str] | None = None) -> Path:
+    """Run a real trainer's bed builder (``../shared/real*/setup``) into ``where``: the bed's path, its last
+    line of output. A failed build is an error naming the builder, never a skip."""
+    done = subprocess.run(["bash", str(setup), where], capture_output=True, text=True, timeout=3600, check=False,
+                          env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"building the {what} bed failed ({setup} {where}):\n{done.stderr[-3000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def script_process(root_pid: int, script: str) -> psutil.Process | None:
+    """The python running ``script`` under ``root_pid`` (a launcher's child, e.g. accelerate's, not the
+    launcher itself)."""
+    try:
+        tree = psutil.Process(root_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return None
+    for p in tree:
+        try:
+            argv = p.cmdline()
+        except psutil.Error:
+            continue
+        if len(argv) > 1 and Path(argv[1]).name == script:
+            return p
+    return None
+
+
 def trainsup_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "trainsup.cli", *args]
 

@@ -9,12 +9,13 @@ types: ``accelerate launch ... train_network.py ...`` from the bed's sd-scripts 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+from tests.conftest import built_bed, script_process
 
 STEPS_PER_EPOCH = 8  # the bed's dataset: 8 images, batch 1
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -65,27 +66,13 @@ def build_bed() -> Bed | str:
     if not setup.is_file():
         raise RuntimeError(f"TRAINSUP_SD_SCRIPTS={tree}: no bed builder at {setup}")
     where = os.environ.get("TRAINSUP_REALKOHYA_DIR") or str(Path.home() / ".cache" / "trainsup-realkohya")
-    done = subprocess.run(["bash", str(setup), where], capture_output=True, text=True, timeout=3600,
-                          env={**os.environ, **OFFLINE, "PYTHON": os.environ.get("PYTHON", "python3")}, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"building the real-trainer bed failed ({setup} {where}):\n{done.stderr[-3000:]}")
-    return Bed(Path(done.stdout.strip().splitlines()[-1]))
+    return Bed(built_bed(setup, where, "real-trainer",
+                         env={**os.environ, **OFFLINE, "PYTHON": os.environ.get("PYTHON", "python3")}))
 
 
 def trainer_process(root_pid: int) -> psutil.Process | None:
     """The python running train_network.py under ``root_pid`` (accelerate's child, not accelerate)."""
-    try:
-        tree = psutil.Process(root_pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return None
-    for p in tree:
-        try:
-            argv = p.cmdline()
-        except psutil.Error:
-            continue
-        if len(argv) > 1 and Path(argv[1]).name == "train_network.py":
-            return p
-    return None
+    return script_process(root_pid, "train_network.py")
 
 
 def trainsup_pid_of(run_dir: Path) -> int | None:

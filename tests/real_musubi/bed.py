@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, built_bed, script_process
 
 SETUP = ROOT.parent / "shared" / "realmusubi" / "setup"
 SCRIPT = "wan_train_network.py"
@@ -97,26 +97,12 @@ def build_bed() -> MusubiBed | str:
     if not SETUP.is_file():
         return f"no musubi-tuner bed builder at {SETUP} (expected ../shared/realmusubi/setup beside this repository)"
     where = os.environ.get("TRAINSUP_REALMUSUBI_DIR") or str(Path.home() / ".cache" / "trainsup-realmusubi")
-    done = subprocess.run(["bash", str(SETUP), where], capture_output=True, text=True, timeout=3600, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"building the musubi-tuner bed failed ({SETUP} {where}):\n{done.stderr[-3000:]}")
-    return MusubiBed(Path(done.stdout.strip().splitlines()[-1]))
+    return MusubiBed(built_bed(SETUP, where, "musubi-tuner"))
 
 
 def trainer_process(root_pid: int) -> psutil.Process | None:
     """The python running wan_train_network.py under ``root_pid`` (accelerate's child, not accelerate)."""
-    try:
-        tree = psutil.Process(root_pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return None
-    for p in tree:
-        try:
-            argv = p.cmdline()
-        except psutil.Error:
-            continue
-        if len(argv) > 1 and Path(argv[1]).name == SCRIPT:
-            return p
-    return None
+    return script_process(root_pid, SCRIPT)
 
 
 def lora_metadata(path: Path) -> dict[str, str]:
