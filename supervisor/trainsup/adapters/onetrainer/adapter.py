@@ -21,6 +21,7 @@ from typing import Any
 from ...faults.remedies import Action, Rung
 from ...faults.rules import FaultRule
 from ...faults.verdict import NOTHING_SAID, Said
+from ...record.fsutil import atomic_write_text
 from ...record.journal import Journal
 from ...record.ledger import Ledger, StateRecord
 from ...trainers.base import (
@@ -174,9 +175,7 @@ class OneTrainerRun(TrainerRun):
         extra.update(self.ot_inputs.snapshot(attempt))
         config = run_dir / f"attempt-{attempt}" / "config.json"
         config.parent.mkdir(parents=True, exist_ok=True)
-        tmp = config.with_name(".config.json.tmp")
-        tmp.write_text(json.dumps(plan.derived(extra), indent=4) + "\n", encoding="utf-8")
-        tmp.replace(config)
+        atomic_write_text(config, json.dumps(plan.derived(extra), indent=4) + "\n")
         plan.env.setdefault("PYTHONUNBUFFERED", "1")  # else stdout reaches the pipe only at exit
         self._attempt, self._resume_step = attempt, resume.step if resume else 0
         self.ot_output.begin(start_epoch, str(self.model_out))
