@@ -35,7 +35,7 @@ def classify_exit(info: ExitInfo, verdict: Evidence | None) -> str | None:
     real child behind accelerate (which exits 1 and only prints the child's fate) means
     the host OOM killer, over any line printed before it; then other evidence; any other
     failure is ``unknown``.  Exit 0 is clean only with the success
-    marker: sd-scripts exits 0 after "No data found".
+    marker: a trainer may exit 0 having trained nothing (its adapter's success line says it finished).
     """
     if exited_cleanly(info):
         return verdict.fault if verdict is not None and verdict.live else None

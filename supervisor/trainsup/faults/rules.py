@@ -190,8 +190,8 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
     FaultRule(
         id="fp8_op_unsupported",
         patterns=(r"not implemented for 'Float8_e[45]m\w*'", r"Promotion for Float8 Types is not supported",
-                  # float8 weights met by an input autocast did not cast (musubi's --fp8_base without
-                  # --fp8_scaled on a CPU, where autocast refuses float32: seen on its real bed)
+                  # PyTorch's wording when float8 weights meet an input that autocast did not cast
+                  # (an autocast the device refuses: seen on a CPU; the adapter's ladder says what to change)
                   r"must have the same dtype, but got (?:\w+ and Float8_e[45]m\w*|Float8_e[45]m\w* and \w+)"),
         explanation="An operation has no float8 kernel on this setup, or float8 weights meet an input that "
         "was not cast to them, so the model cannot be kept in float8 this way here.",
@@ -393,7 +393,7 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
     ),
     FaultRule(
         id="config_error",
-        # load_state_dict of a state saved with another network size (--network_dim, a LoRA rank)
+        # load_state_dict of a state saved with another network size (a LoRA rank or width)
         patterns=(r"size mismatch for [\w.]+: copying a param with shape",),
         restartable=False,
         explanation="A saved state or weights file was made for a model of other shapes (another network "

@@ -17,8 +17,8 @@
 
 Each candidate remembers the progress seen when it was recorded; progress after it means it did
 not end the run and drops it (``live`` stays):
-- the trainer's own progress (its adapter's progress parser: kohya's ``steps`` bar, LitGPT's ``iter``
-  lines, OneTrainer's ``step`` bar, ...): ``last`` evidence is dropped when the step moves past where
+- the trainer's own progress (its adapter's progress parser, whatever the trainer
+  prints: a tqdm bar, a metrics line per iteration, ...): ``last`` evidence is dropped when the step moves past where
   it stood; every other kind when it rose twice after it (the first bar after a traceback may be
   tqdm's closing redraw, one step on: a crash pasted with one more bar line is still a crash);
 - any other tqdm bar (a sampler's, a GUI's, another trainer's): when it rose twice after the
