@@ -110,7 +110,7 @@ def check_command(view: CommandView, script_flags: frozenset[str] | None) -> lis
     """Every check of this module, in the order they are reported (the config file's own finding
     is ``view.config_findings``)."""
     return [*_script(view), *_flags(view, script_flags), *_fp8_flags(view), *view.model_findings,
-            *_fp8_weights(view), *_dataset(view), *_prompts(view), *_resume_state(view), *_resume_point(view)]
+            *_fp8_weights(view), *_dataset(view), *missing_prompts(view), *_resume_state(view), *_resume_point(view)]
 
 
 def _script(view: CommandView) -> list[Finding]:
@@ -274,7 +274,8 @@ def _dataset(view: CommandView) -> list[Finding]:
     return out
 
 
-def _prompts(view: CommandView) -> list[Finding]:
+def missing_prompts(view: CommandView) -> list[Finding]:
+    """A ``--sample_prompts`` file that is not there (musubi-tuner's doctor asks the same)."""
     prompts = view.path("sample_prompts")
     if prompts is not None and not prompts.is_file():
         return [Finding("blocker", "missing_prompts", f"--sample_prompts {view.value('sample_prompts')}: "

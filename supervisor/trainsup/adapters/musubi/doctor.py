@@ -25,7 +25,7 @@ from typing import Any
 from ...trainers.base import DoctorFacts, Finding
 from ..kohya import doctor as kohya_doctor
 from ..kohya import tomlio
-from ..kohya.doctor_checks import CommandView
+from ..kohya.doctor_checks import CommandView, missing_prompts
 from ..kohya.states import check_state
 from . import caches
 from .profile import ATTENTION, MUSUBI
@@ -33,7 +33,7 @@ from .profile import ATTENTION, MUSUBI
 
 def findings(view: CommandView, facts: DoctorFacts) -> list[Finding]:
     return [*view.config_findings, *kohya_doctor.packages(view, facts), *_attention(view), *_output_name(view),
-            *_dataset(view), *_prompts(view), *_resume(view), *_cpu_only(view, facts)]
+            *_dataset(view), *missing_prompts(view), *_resume(view), *_cpu_only(view, facts)]
 
 
 def _attention(view: CommandView) -> list[Finding]:
@@ -145,14 +145,6 @@ def _cpu_only(view: CommandView, facts: DoctorFacts) -> list[Finding]:
                            "musubi-tuner swaps blocks with CUDA streams and fails at the first step",
                            "drop --blocks_to_swap (on CPU, --gradient_checkpointing saves memory)"))
     return out
-
-
-def _prompts(view: CommandView) -> list[Finding]:
-    prompts = view.path("sample_prompts")
-    if prompts is not None and not prompts.is_file():
-        return [Finding("blocker", "missing_prompts", f"--sample_prompts {view.value('sample_prompts')}: "
-                        "no such file", "give an existing prompt file, or drop --sample_prompts")]
-    return []
 
 
 def _resume(view: CommandView) -> list[Finding]:
