@@ -8,6 +8,7 @@ writes them (names, safetensors with ``caption1``), without musubi."""
 from __future__ import annotations
 
 import os
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ from trainsup.adapters.musubi.caches import CACHING, caching_commands, datasets,
 from trainsup.adapters.musubi.profile import SCRIPTS
 from trainsup.record.journal import Journal, read_events
 from trainsup.record.ledger import Ledger
-from trainsup.trainers.base import DoctorFacts, Finding, Setup
+from trainsup.trainers.base import DoctorFacts, Finding, Setup, rung_applies
 from trainsup.trainers.cmdline import TrainerCommand
 
 ITEMS = ("img00", "img01", "img02")
@@ -180,8 +181,8 @@ def test_a_video_datasets_caches_pair_by_item(tmp_path: Path) -> None:
     assert report.trainable == 1 and not report.no_te and not report.uncached and not report.orphans
 
 
-def _bound(tmp: Path, said: list[str]) -> tuple[MusubiRun, Path]:
-    run = MusubiRun(Setup(_argv(tmp, "--vae", "vae.pth", "--t5", "t5.safetensors"), tmp))
+def _bound(tmp: Path, said: list[str], vae: bool = True) -> tuple[MusubiRun, Path]:
+    run = MusubiRun(Setup(_argv(tmp, *(("--vae", "vae.pth") if vae else ()), "--t5", "t5.safetensors"), tmp))
     run_dir = tmp / "out" / ".trainsup"
     run_dir.mkdir(parents=True)
     run.bind(run_dir, Ledger.load(run_dir / "ledger.json"), Journal(run_dir), said.append)
@@ -214,9 +215,10 @@ def test_an_edited_caption_or_image_during_a_run_is_said_once_with_the_caching_c
 
 
 def test_a_dataset_toml_edit_of_what_only_caching_reads_is_rejected_batch_size_applies(tmp_path: Path) -> None:
+    """Without ``--vae`` trainsup cannot make the latents again: a resolution edit is refused."""
     toml = _bed(tmp_path)
     said: list[str] = []
-    run, run_dir = _bound(tmp_path, said)
+    run, run_dir = _bound(tmp_path, said, vae=False)
     launched(run, run.plan.copy(), 1, None, run_dir)
     toml.write_text(toml.read_text().replace("resolution = [64, 64]", "resolution = [128, 128]"))
     assert run.inputs.on_change(toml.resolve(), "modified", run.plan) == "none"
@@ -229,3 +231,66 @@ def test_a_dataset_toml_edit_of_what_only_caching_reads_is_rejected_batch_size_a
     assert run.inputs.on_change(toml.resolve(), "modified", run.plan) == "at_checkpoint"
     argv = launched(run, run.plan.copy(), 2, None, run_dir)
     assert "batch_size = 2" in Path(argv[argv.index("--dataset_config") + 1]).read_text()
+
+
+def _user_cache(tmp: Path) -> dict[str, tuple[int, bytes]]:
+    return {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in (tmp / "cache").iterdir()}
+
+
+def test_a_resolution_edit_is_applied_with_the_latents_made_again_in_the_run_dir(tmp_path: Path) -> None:
+    """With ``--vae`` in the command, a resolution edit is accepted: the next launch's derived dataset TOML
+    points at caches in the run dir, the text-encoder caches copied there, and musubi's latent caching
+    runs first on that TOML; the user's cache directory is never written."""
+    toml = _bed(tmp_path)
+    said: list[str] = []
+    run, run_dir = _bound(tmp_path, said)
+    first = run.launch(run.plan.copy(), 1, None, run_dir)
+    assert first.before == ()  # the user's caches match the dataset TOML: nothing to make
+    before = _user_cache(tmp_path)
+    toml.write_text(toml.read_text().replace("resolution = [64, 64]", "resolution = [48, 48]"))
+    assert run.inputs.on_change(toml.resolve(), "modified", run.plan) == "at_checkpoint"
+    assert any("made again" in s for s in said)
+    second = run.launch(run.plan.copy(), 2, None, run_dir)
+    derived = Path(second.argv[second.argv.index("--dataset_config") + 1])
+    doc = tomllib.loads(derived.read_text())
+    cache_dir = Path(doc["datasets"][0]["cache_directory"])
+    assert doc["general"]["resolution"] == [48, 48] and cache_dir.is_relative_to(run_dir / "caches")
+    assert sorted(p.name for p in cache_dir.iterdir()) == [f"{i}_wan_te.safetensors" for i in ITEMS]
+    (step,) = second.before
+    assert step.argv[1:] == ("src/musubi_tuner/wan_cache_latents.py", "--dataset_config", str(derived),
+                             "--vae", "vae.pth")
+    assert "48x48" in step.says
+    # once musubi wrote them (complete files), a later launch with the same settings runs nothing first
+    for item in ITEMS:
+        save_file({"latents_1x6x6_bfloat16": np.zeros((16, 1, 6, 6), np.float32)},
+                  str(cache_dir / f"{item}_0048x0048_wan.safetensors"))
+    assert run.launch(run.plan.copy(), 3, None, run_dir).before == ()
+    cut = cache_dir / "img01_0048x0048_wan.safetensors"
+    cut.write_bytes(cut.read_bytes()[:-100])  # a cache cut by a kill during the caching
+    assert len(run.launch(run.plan.copy(), 4, None, run_dir).before) == 1
+    assert _user_cache(tmp_path) == before
+
+
+def test_the_memory_ladders_last_lever_lowers_the_resolution_with_the_caches_made_again(tmp_path: Path) -> None:
+    toml = _bed(tmp_path)
+    toml.write_text(toml.read_text().replace("resolution = [64, 64]", "resolution = [960, 544]"))
+    said: list[str] = []
+    run, run_dir = _bound(tmp_path, said)
+    rung = next(r for r in run.ladder("cuda_oom") if r.actions[0].kind == "lower_resolution")
+    assert rung_applies(run, run.plan, rung)
+    plan = run.plan.copy()
+    assert "resolution [720, 400]" in (run.apply(plan, rung.actions[0]) or "")
+    launch = run.launch(plan, 2, None, run_dir)
+    derived = Path(launch.argv[launch.argv.index("--dataset_config") + 1])
+    assert tomllib.loads(derived.read_text())["general"]["resolution"] == [720, 400]
+    assert len(launch.before) == 1 and "720x400" in launch.before[0].says
+    assert "resolution = [960, 544]" in toml.read_text()  # the user's file as it was
+    # once more it goes down (a quarter of the first each time); it never lowers a side below 256 px
+    assert "[528, 304]" in (run.apply(plan, rung.actions[0]) or "")
+    assert run.apply(plan, rung.actions[0]) is None and not rung_applies(run, plan, rung)
+    # without the VAE in the command trainsup cannot make the latents: the rung means nothing there
+    (tmp_path / "novae").mkdir()
+    novae = _bed(tmp_path / "novae")
+    novae.write_text(novae.read_text().replace("resolution = [64, 64]", "resolution = [960, 544]"))
+    other, _ = _bound(tmp_path / "novae", said, vae=False)
+    assert not rung_applies(other, other.plan, rung)

@@ -26,7 +26,7 @@ from .oom import fragmentation_ruled_out
 from .rules import REQUIRED_VERSION
 from .verdict import Said
 
-ActionKind = Literal["add_flag", "remove_flag", "set_env", "upgrade", "halve_batch",
+ActionKind = Literal["add_flag", "remove_flag", "set_env", "upgrade", "halve_batch", "lower_resolution",
                      "lower_workers", "wait_foreign", "restart", "stop"]
 
 
@@ -53,6 +53,8 @@ class Action:
             return "halve the batch size and double the gradient accumulation steps"
         if self.kind == "lower_workers":
             return f"lower the DataLoader workers (to {self.value})"
+        if self.kind == "lower_resolution":
+            return f"lower the training resolution (times {self.value})"
         if self.kind == "wait_foreign":
             return "wait for other programs to free the GPUs' memory, then restart with the same flags"
         if self.kind == "restart":

@@ -58,6 +58,8 @@ RUN_START: Final = "run_start"
 RUN_SEPARATE: Final = "run_separate"
 PLAN_ADJUSTED: Final = "plan_adjusted"
 ATTEMPT_START: Final = "attempt_start"
+PRE_STEP_START: Final = "pre_step_start"
+PRE_STEP_END: Final = "pre_step_end"
 ATTEMPT_END: Final = "attempt_end"
 FAULT: Final = "fault"
 FAULT_LIVE: Final = "fault_live"
@@ -147,6 +149,12 @@ SECTIONS: Final = (
               "attempt", "argv: the command launched", "resume_from: the state dir, `null`: from the "
                                                        "beginning",
               "resume_step", "env: what trainsup set in the trainer's environment"),
+        _kind(PRE_STEP_START, "a program the adapter runs before the attempt's trainer starts (musubi-tuner's "
+              "caching scripts, when what its caches are made from changed)",
+              "attempt", "step: its place among the attempt's programs, from 1", "argv", "says: what it does",
+              "log: its output"),
+        _kind(PRE_STEP_END, "that program ended (one that did not end with exit 0 stops the run)",
+              "attempt", "step", "exit_code", "signal", "seconds"),
         _kind(ATTEMPT_END, "an attempt ended",
               "attempt", "exit_code", "signal",
               "child_status?: the real trainer's status behind a launcher such as accelerate",

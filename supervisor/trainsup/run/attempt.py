@@ -22,7 +22,7 @@ from ..record import journalkinds as kinds
 from ..record.journal import Journal
 from ..sensors import stacks
 from ..sensors.hang import HangClock, HangPolicy
-from ..trainers.base import OutputFormat
+from ..trainers.base import OutputFormat, PreStep
 from . import process
 from .events import (
     Eof,
@@ -67,6 +67,7 @@ class AttemptSpec:
     hang: HangPolicy | None = None
     fmt: OutputFormat | None = None
     planned_signal: int = signal.SIGTERM  # the trainer's own stop (OneTrainer: SIGINT, it backs up first)
+    before: tuple[PreStep, ...] = ()  # programs run to their end first (``engine.Supervisor._pre_steps``)
 
 
 class Attempt:

@@ -8,6 +8,7 @@ asked of its adapter (``trainers.registry``) through the contract in ``trainers.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import signal
@@ -27,7 +28,7 @@ from ..sensors.watch import FileWatcher
 from ..trainers.base import TrainerRun, rung_applies
 from . import events as ev
 from . import process
-from .attempt import Attempt, AttemptResult
+from .attempt import Attempt, AttemptResult, AttemptSpec
 from .context import open_run, open_trainer_run, say
 from .deadline import Deadline
 from .decide import EXIT_STOPPED, Decision, History, Outcome, decide, record, stops_at_once
@@ -155,6 +156,10 @@ class Supervisor:
         spec = prepare_launch(self.ctx, self.plan, self.policy, self.live, self.reactions, number, resume)
         if isinstance(spec, Decision):
             return spec
+        if spec.before:
+            ended = self._pre_steps(spec, number)
+            if ended is not None:
+                return ended
         self._transition(RunState.RUNNING)
         attempt = Attempt(spec, FaultScanner(self.rules, ctx.trainer.output), self.events, spawn=self._spawn,
                           clock=self.clock)
@@ -175,6 +180,55 @@ class Supervisor:
         finally:
             attempt.close()
         return attempt.result(ctx.points.final_written)
+
+    def _pre_steps(self, spec: AttemptSpec, number: int) -> Decision | None:
+        """The adapter's programs before the trainer (``Launch.before``), each run to its end with the
+        trainer's cwd and environment; a decision instead when one failed or a stop was asked for (the
+        trainer is then not launched). Only stops and file edits mean something meanwhile: an edit
+        that asks for a relaunch at once is handed on to the trainer's attempt."""
+        journal, handed_on = self.ctx.journal, []
+        for k, step in enumerate(spec.before, 1):
+            log = spec.log_path.parent / "before" / f"attempt-{number}.{k}.log"  # out of attempt-*.log's sight
+            say(f"attempt {number}: {step.says} (its output: {log.name})")
+            journal.event(kinds.PRE_STEP_START, attempt=number, step=k, argv=list(step.argv), says=step.says,
+                          log=str(log))
+            run = Attempt(dataclasses.replace(spec, argv=list(step.argv), log_path=log, hang=None, fmt=None, before=()),
+                          FaultScanner(self.rules), self.events, spawn=self.spawn, clock=self.clock)
+            started = self.clock()
+            try:
+                log.parent.mkdir(exist_ok=True)
+                run.start()
+            except (process.LaunchError, OSError) as exc:
+                return Decision(kind="stop", exit_code=EXIT_STOPPED, reason=f"config_error: {step.says}: {exc}")
+            try:
+                while not run.done:
+                    self._tick()
+                    event = ev.next_event(self.events, 0.1)
+                    match event:
+                        case ev.Eof() | ev.StopRequested():
+                            run.apply(event)
+                        case ev.FileChanged(path=path, kind=kind):
+                            self._on_file_changed(path, kind)
+                        case ev.StopForChange():
+                            handed_on.append(event)
+                    run.poll()
+            finally:
+                run.close()
+            result = run.result()
+            journal.event(kinds.PRE_STEP_END, attempt=number, step=k, exit_code=result.exit_code,
+                          signal=result.signal, seconds=round(self.clock() - started, 1))
+            if result.stop_signal is not None or self.stop_signal is not None:
+                return stopped_by_signal(self.stop_signal)
+            if result.exit_code != 0:
+                how = f"exit {result.exit_code}" if result.exit_code is not None else f"signal {result.signal}"
+                last = result.evidence.line.strip().splitlines()[-1] if result.evidence and result.evidence.line \
+                    else "no output"
+                return Decision(kind="stop", exit_code=EXIT_STOPPED,
+                                reason=f"config_error: {step.says} failed ({how}): {last} (see {log}); the "
+                                       "trainer was not launched")
+        for event in handed_on:
+            self.events.put(event)
+        return None
 
     def _spawn(self, argv: list[str], env: dict[str, str], cwd: Path | None) -> process.Child:
         child = self.spawn(argv, env, cwd)

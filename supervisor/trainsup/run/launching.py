@@ -45,4 +45,4 @@ def prepare_launch(ctx: RunContext, plan: Plan, policy: Policy, live: LiveContro
     ctx.status(state="running", attempt=attempt, step=resume_step, total=t.total_steps, run_dir=str(ctx.run_dir))
     return AttemptSpec(argv=argv, env=env, cwd=spec.cwd, log_path=ctx.run_dir / f"attempt-{attempt}.log",
                        grace_s=policy.stop_grace_s, pump_wait_s=policy.pump_wait_s, echo=spec.echo,
-                       hang=policy.hang, fmt=t.output, planned_signal=t.planned_stop_signal)
+                       hang=policy.hang, fmt=t.output, planned_signal=t.planned_stop_signal, before=launched.before)

@@ -152,10 +152,21 @@ class ArgvPlan(Plan):
 
 
 @dataclass(frozen=True)
+class PreStep:
+    """A program the engine runs to its end before the attempt's trainer, in the trainer's working
+    directory and environment, its output in ``RUN_DIR/before/attempt-N.K.log`` (musubi-tuner's caching
+    scripts, when a remedy or an accepted edit changed what its caches are made from). One that fails
+    stops the run: the trainer is never launched without what it needs."""
+
+    argv: tuple[str, ...]
+    says: str  # what it does, in words (``caching the latents again at 48x48 into RUN_DIR/caches``)
+
+
+@dataclass(frozen=True)
 class Launch:
     """What ``TrainerRun.launch`` makes of a plan for one attempt: the engine starts ``argv`` with
     ``env`` on top of the inherited environment, and enters the attempt in the state store with it
-    (``StateStore.begin``)."""
+    (``StateStore.begin``); ``before``, when there are any, run first, one after the other."""
 
     argv: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
@@ -164,6 +175,7 @@ class Launch:
     # The true step minus the step the trainer prints and names its saves by: 0 for a trainer that
     # counts true steps; None while only its start-up summary can tell (``on_summary``).
     label_offset: int | None = 0
+    before: tuple[PreStep, ...] = ()
 
     @classmethod
     def of(cls, plan: Plan, argv: Sequence[str], resume: StateRecord | None = None, **fields: Any) -> Launch:

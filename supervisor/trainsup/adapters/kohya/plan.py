@@ -34,6 +34,9 @@ class LaunchPlan(Plan):
     dataset_doc: TomlDoc | None = None  # its accepted content
     dataset_removed: set[str] = field(default_factory=set)  # keys dropped from --dataset_config
     dataset_batch_divisor: int = 1  # every dataset's batch_size is divided by this (at least 1)
+    # every dataset's resolution is multiplied by this (musubi's remedy: its adapter writes it, with the
+    # latents cached again in the run dir; sd-scripts' ladders never set it)
+    dataset_scale: float = 1.0
     dialect: Dialect = KOHYA  # which scripts and flags exist (sd-scripts', or musubi-tuner's)
 
     @property
@@ -43,7 +46,8 @@ class LaunchPlan(Plan):
     def copy(self) -> LaunchPlan:
         return LaunchPlan(self.command.copy(), dict(self.env), set(self.config_overlay_removed),
                           self.user_config, self.config_doc, self.user_dataset, self.dataset_doc,
-                          set(self.dataset_removed), self.dataset_batch_divisor, self.dialect)
+                          set(self.dataset_removed), self.dataset_batch_divisor, self.dataset_scale,
+                          self.dialect)
 
     def config_value(self, name: str) -> object | None:
         """The value kohya would see for a key of the --config_file (after our removals)."""

@@ -9,6 +9,10 @@ its start-up summary gave (musubi's own arithmetic), less the resume step. Every
 first writes under its own ``--output_name`` (``NAME-trainsupN``; musubi would rewrite
 ``NAME-step00000005...`` in place, the state it resumed from included); its saves and samples are
 published under their true names and the final weights where the user's command puts them.
+
+A launch whose dataset settings differ from the ones the user's caches were made from in what only the
+latent caching reads (the memory remedy's lower resolution, an accepted resolution edit) trains on
+latents made again in the run dir, by musubi's own caching script run first (``recache``).
 """
 
 from __future__ import annotations
@@ -20,14 +24,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...faults.remedies import Rung
+from ...faults.remedies import Action, Rung
 from ...faults.rules import FaultRule
+from ...faults.verdict import NOTHING_SAID, Said
 from ...record.journal import Journal
 from ...record.ledger import Ledger, StateRecord
 from ...trainers.base import (
     NAMES_SCRIPT,
     NO_CLAIM,
     Finding,
+    Launch,
     Notice,
     OutputFormat,
     Plan,
@@ -43,6 +49,7 @@ from ..kohya.adapter import KohyaRun
 from ..kohya.identity import identity_fields
 from ..kohya.plan import LaunchPlan
 from ..kohya.prepare import prepare
+from . import caches, recache
 from . import doctor as musubi_doctor
 from .inputs import MusubiInputs
 from .output import TOTAL_STEPS, MusubiOutput
@@ -100,7 +107,8 @@ class MusubiRun(KohyaRun):
     def bind(self, run_dir: Path, ledger: Ledger, journal: Journal, say: Say) -> None:
         super().bind(run_dir, ledger, journal, say)
         # Its media and captions reach it only through its caches: an edit is said, never applied.
-        self.kohya_inputs = self.inputs = MusubiInputs(self.plan, self.cwd, run_dir, self.settings, journal, say)
+        self.kohya_inputs = self.inputs = self.musubi_inputs = MusubiInputs(self.plan, self.cwd, run_dir,
+                                                                            self.settings, journal, say)
 
     def identity(self) -> dict[str, Any]:
         given = prepare(list(self.given), self.cwd, self.settings, as_given=True, dialect=MUSUBI)
@@ -156,6 +164,38 @@ class MusubiRun(KohyaRun):
                 shelf = self.points.samples
                 shelf.cadence = dataclasses.replace(shelf.cadence, max_steps=total)
         return super().on_summary(summary)
+
+    def launch(self, plan: Plan, attempt: int, resume: StateRecord | None, run_dir: Path) -> Launch:
+        assert isinstance(plan, LaunchPlan)
+        launched = super().launch(plan, attempt, resume, run_dir)
+        derived = plan.command.get("dataset_config")
+        cached_from = self.musubi_inputs.cached_from
+        if derived is None or plan.dataset_doc is None or cached_from is None or plan.user_dataset is None:
+            return launched
+        doc = recache.scaled(tomlio.read_toml(Path(derived)), plan.dataset_scale)
+        found = recache.plan(cached_from, doc, plan.command, self.cwd, run_dir, Path(derived))
+        if found is None:
+            return launched
+        recache.write(found, Path(derived), plan.user_dataset)
+        return dataclasses.replace(launched, before=(found.step,) if found.step is not None else ())
+
+    def apply(self, plan: Plan, action: Action, evidence: Said = NOTHING_SAID) -> str | None:
+        assert isinstance(plan, LaunchPlan)
+        if action.kind != "lower_resolution":
+            return super().apply(plan, action, evidence)
+        # Its latents are made from the images at the dataset's resolution: a lower one needs them made
+        # again, with the VAE the command names (musubi's training command needs it only to sample).
+        if plan.dataset_doc is None or plan.user_dataset is None or not caches.latent_models_known(plan.command):
+            return None
+        scale = plan.dataset_scale * float(action.value or "0.75")
+        before, after = recache.scaled(plan.dataset_doc, plan.dataset_scale), recache.scaled(plan.dataset_doc, scale)
+        side = recache.smallest_side(after)
+        if side is None or side < recache.MIN_SIDE or recache.resolutions(before) == recache.resolutions(after):
+            return None
+        plan.dataset_scale = scale
+        shown = ", ".join(str(r) for r in recache.resolutions(after))
+        return (f"resolution {shown} in a derived copy of {plan.user_dataset} (latents cached again into the run dir "
+                "before the launch)")
 
     def ladder(self, fault: str, plan: Plan | None = None) -> tuple[Rung, ...]:
         return musubi_ladder(fault)

@@ -32,6 +32,9 @@ SHOWN = 5  # item names a finding lists before "and N more"
 # nothing until they are made again.
 CACHE_BOUND = ("resolution", "enable_bucket", "bucket_no_upscale", "caption_extension", "target_frames",
                "frame_extraction", "frame_stride", "frame_sample", "max_frames", "source_fps", "target_fps")
+# Of those, the ones only the latent caching reads: trainsup can make those caches again itself, in the
+# run dir, with the VAE the training command names (a caption needs the text encoder, minutes and ~10 GB).
+LATENT_BOUND = tuple(k for k in CACHE_BOUND if k != "caption_extension")
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class Caching:
     latent_flags: tuple[str, ...] = ("vae",)
     text_flags: tuple[str, ...] = ("text_encoder",)
     latents_script: str = "cache_latents"
+    latent_optional: tuple[str, ...] = ()  # passed on when the training command gives them
 
     @property
     def latents(self) -> str:
@@ -62,7 +66,8 @@ _HIDREAM = Caching("hidream_o1_", ("ho1",), latent_flags=(), text_flags=("dit", 
                    latents_script="cache_pixel")
 # Every training script of the snapshot (profile.SCRIPTS), by its caching scripts.
 CACHING: dict[str, Caching] = {
-    "wan_train_network": Caching("wan_", ("wan",), text_flags=("t5",)),
+    # Wan's image-to-video tasks cache the first frame with CLIP too (``--clip`` turns ``--i2v`` on)
+    "wan_train_network": Caching("wan_", ("wan",), text_flags=("t5",), latent_optional=("clip",)),
     "hv_train_network": _HV, "hv_train": _HV,
     "hv_1_5_train_network": Caching("hv_1_5_", ("hv15",), text_flags=("text_encoder", "byt5")),
     "fpack_train_network": Caching("fpack_", ("fp",), latent_flags=("vae", "image_encoder"),
@@ -87,6 +92,19 @@ def caching_commands(command: TrainerCommand, dataset_config: str) -> list[str] 
     model paths its command gives (a placeholder in capitals where it gives none: musubi's training
     command needs its VAE and text encoder only for sampling); None for a script whose caching scripts
     are not known."""
+    found = caching_argv(command, dataset_config)
+    return None if found is None else [shlex.join(found[0]), shlex.join(found[1])]
+
+
+def latent_models_known(command: TrainerCommand) -> bool:
+    """Whether the training command names every model its latent caching needs (Wan: ``--vae``), so
+    that trainsup can run that caching itself."""
+    caching = caching_for(command.script)
+    return caching is not None and all(command.get(flag) for flag in caching.latent_flags)
+
+
+def caching_argv(command: TrainerCommand, dataset_config: str) -> tuple[list[str], list[str]] | None:
+    """The latent and the text-encoder caching commands (see ``caching_commands``), as argv lists."""
     caching = caching_for(command.script)
     if caching is None:
         return None
@@ -119,10 +137,10 @@ def caching_commands(command: TrainerCommand, dataset_config: str) -> list[str] 
         return out
 
     latents = script(caching.latents) + ["--dataset_config", dataset_config] + models(
-        caching.latent_flags, caching.latent_flags)
+        caching.latent_flags + caching.latent_optional, caching.latent_flags)
     text = script(caching.text) + ["--dataset_config", dataset_config] + models(
         caching.text_flags, tuple(f for f in caching.text_flags if f not in ("model_version", "model_type", "dit")))
-    return [shlex.join(latents), shlex.join(text)]
+    return latents, text
 
 
 # --- a dataset's caches ------------------------------------------------------------------------------

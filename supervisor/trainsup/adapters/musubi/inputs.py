@@ -14,8 +14,10 @@ of stale caches never runs here (musubi's caches are its own files, not sd-scrip
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ...record import journalkinds as kinds
 from ...record.journal import Journal
@@ -38,6 +40,9 @@ class MusubiInputs(KohyaInputs):
         dataset_config = plan.value("dataset_config")
         self.commands = caches.caching_commands(plan.command, str(dataset_config)) if dataset_config else None
         self.stale: list[Path] = []  # media and captions edited since the run started, in order
+        # What the user's caches were made from, as far as trainsup can tell: the dataset TOML at the start.
+        self.latents_remade = caches.latent_models_known(plan.command)  # trainsup can run the latent caching
+        self.cached_from: dict[str, Any] | None = copy.deepcopy(dict(doc)) if self.dataset_doc is not None else None
 
     def subsets(self) -> list[Subset]:
         return []  # no sd-scripts caches next to the images: nothing is ever set aside
@@ -67,6 +72,11 @@ class MusubiInputs(KohyaInputs):
             except tomlio.ConfigFileError:
                 new = None  # sd-scripts' check rejects it with its line
             bound = caches.cache_bound_changes(self.dataset_doc, new) if new is not None else []
+            if bound and all(b in caches.LATENT_BOUND for b in bound) and self.latents_remade:
+                # trainsup makes those latents again itself, in the run dir, before the next launch
+                self.say(f"{shown_path(path)}: {', '.join(bound)} changed: musubi-tuner's latents are made again "
+                         "for it, into the run dir, before the next launch")
+                return super()._config_changed(path, dataset)
             if bound:
                 # Applied, it would train on the old caches under settings that say otherwise.
                 return self.edits.reject(path, f"musubi-tuner trains on caches made with the old "

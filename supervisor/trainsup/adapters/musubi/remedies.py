@@ -2,9 +2,10 @@
 (``--gradient_checkpointing``; ``--fp8_base`` with ``--fp8_scaled``, never ``--fp8_base`` alone: it
 fails at the first step where the time embedding meets float8 weights; ``--blocks_to_swap N``,
 CUDA only; ``--split_attn``), the batch halved in a derived copy of the dataset TOML (musubi's batch
-size lives only there), data-loader workers. It has no ``--lowram`` and no caching flags: a fault
-sd-scripts answers by dropping a cache is not answered here (re-running musubi's caching scripts is
-another remedy). Other faults take sd-scripts' ladders where their flags exist in musubi.
+size lives only there), the resolution lowered last (a derived dataset TOML with the latents made again
+in the run dir by musubi's caching script: ``recache``), data-loader workers. It has no ``--lowram`` and
+no caching flags: a fault sd-scripts answers by dropping a cache is not answered here. Other faults take
+sd-scripts' ladders where their flags exist in musubi.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from ..kohya.remedies import HALVE_BATCH, lower_workers
 from ..kohya.remedies import LADDERS as KOHYA_LADDERS
 
 FP8 = (Action("add_flag", "fp8_base"), Action("add_flag", "fp8_scaled"))
+# Every dataset's resolution times 3/4 in a derived dataset TOML, its latents made again in the run dir
+# (``recache``): the last memory lever, since it changes what the model learns from (never below 256 px).
+LOWER_RESOLUTION = Action("lower_resolution", value="0.75", says="lower the dataset's resolution by a quarter in a "
+                          "derived copy (its latents cached again into the run dir)")
 
 LADDERS: dict[str, tuple[Rung, ...]] = {
     **{k: v for k, v in KOHYA_LADDERS.items() if k in ("shm_exhausted", "nan_loss", "hang")},
@@ -24,6 +29,7 @@ LADDERS: dict[str, tuple[Rung, ...]] = {
         Rung(FP8),
         Rung((HALVE_BATCH,)),
         Rung((Action("add_flag", "blocks_to_swap", "10"),)),
+        Rung((LOWER_RESOLUTION,)),
         Rung((Action("add_flag", "split_attn"),)),
         stop("out of GPU memory after every memory remedy"),
     ),
