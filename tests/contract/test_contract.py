@@ -118,6 +118,17 @@ def _onetrainer_resumes(launch: Launch, state: Path) -> bool:
     return json.loads(config.read_text())["continue_last_backup"] is True and newest == state.name
 
 
+# --- hf (the Hugging Face Trainer) ---------------------------------------------------------------
+def _hf_setup(tmp: Path) -> Setup:
+    return Setup(("trl", "sft", "--model_name_or_path", "m", "--output_dir", str(tmp / "out"), "--max_steps", "20",
+                  "--save_steps", "5"), tmp)
+
+
+def _hf_state(tmp: Path, run: TrainerRun) -> tuple[Path, int]:
+    from tests.unit.test_hf_adapter import checkpoint
+    return checkpoint(tmp / "out", 10, 20), 10
+
+
 # --- declarative ---------------------------------------------------------------------------------
 SECTION = {"states": "out/checkpoint-*", "complete": "state.json",
            "resume": ["--resume_from_checkpoint", "{state}"]}
@@ -152,6 +163,12 @@ CASES: dict[str, Case] = {
     "onetrainer": Case(("python scripts/train.py --config-path cfg.json",
                         "python /opt/OneTrainer/scripts/train.py --config-path=x.json"),
                        _onetrainer_setup, _onetrainer_state, resumes=_onetrainer_resumes),
+    "hf": Case(("trl sft --model_name_or_path m --output_dir o", "python -m trl dpo --output_dir o",
+                "axolotl train cfg.yml", "python -m axolotl.cli.train cfg.yml", "llamafactory-cli train cfg.yaml",
+                "accelerate launch run_clm.py --model_name_or_path m --output_dir o --save_steps 500",
+                ("torchrun --nproc_per_node 2 train.py --output_dir o --resume_from_checkpoint o/checkpoint-5 "
+                 "--per_device_train_batch_size 4")),
+               _hf_setup, _hf_state),
     "command": Case(("python train.py --epochs 3", "./train.sh", DIFFUSERS),
                     lambda tmp: Setup(("python", "train.py", "--out_dir", "runs/a"), tmp)),
     "declarative": Case((), _declarative_setup, _declarative_state, trainer=SECTION),

@@ -1,0 +1,92 @@
+"""Owns the remedy ladders in the Trainer's terms and carrying out one action on an ``HfPlan``.
+
+- ``cuda_oom``: the allocator setting, then the per-device batch divided by its smallest prime factor
+  (halved when even) with ``gradient_accumulation_steps`` multiplied by it, so the optimizer sees the
+  same effective batch (``per_device_train_batch_size`` x accumulation); then gradient checkpointing
+  (``--gradient_checkpointing true``; TRL has it on by default, so there the rung means nothing).
+- ``config_error`` stops with the Trainer's own fix where its wording says one (bf16 on a CPU).
+
+A YAML front-end gets the same edits in its derived YAML (axolotl names the batch ``micro_batch_size``).
+Actions of other trainers' ladders mean nothing here: ``apply`` answers None and the rung is skipped.
+"""
+
+from __future__ import annotations
+
+from ...faults import remedies
+from ...faults.remedies import Action, Rung, stop
+from ...faults.verdict import NOTHING_SAID, Said
+from ...trainers.base import apply_env, restart_with_same_settings
+from .plan import HfPlan, is_true
+
+BATCH, ACCUM, CHECKPOINTING = "per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing"
+DEFAULT_BATCH = 8  # TrainingArguments' default per-device batch
+
+LADDERS: dict[str, tuple[Rung, ...]] = {
+    "cuda_oom": (
+        Rung((Action("set_env", "PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),)),
+        Rung((Action("halve_batch"),)),
+        Rung((Action("add_flag", CHECKPOINTING, "true", says="add --gradient_checkpointing true"),)),
+        stop("out of GPU memory with a per-device batch of 1 and gradient checkpointing on; try a LoRA "
+             "(--use_peft) or a smaller --max_length"),
+    ),
+}
+
+
+def ladder(fault: str, plan: HfPlan) -> tuple[Rung, ...]:
+    if fault == "config_error":
+        return (stop("the command or its files are wrong for the Trainer; on a machine without a GPU pass "
+                     "--bf16 false (TRL turns bf16 on by default); a restart cannot fix it"),)
+    return remedies.ladder(fault, LADDERS)
+
+
+def _smallest_factor(n: int) -> int:
+    f = 2
+    while f * f <= n:
+        if n % f == 0:
+            return f
+        f += 1
+    return n
+
+
+def halve_batch(plan: HfPlan) -> str | None:
+    """The per-device batch divided, the accumulation multiplied by the same factor; None at batch 1."""
+    try:
+        batch = plan.get_int(BATCH)
+        accum = plan.get_int(ACCUM) or 1
+    except ValueError:
+        return None
+    if batch is None:
+        if plan.front_end == "axolotl":
+            return None  # axolotl has no default of its own to halve
+        batch = DEFAULT_BATCH
+    if batch <= 1:
+        return None
+    factor = _smallest_factor(batch)
+    plan.set(BATCH, batch // factor)
+    plan.set(ACCUM, accum * factor)
+    b, a = plan.key(BATCH), plan.key(ACCUM)
+    return f"--{b} {batch // factor} (was {batch}) and --{a} {accum * factor} (was {accum}): the same effective batch"
+
+
+def gradient_checkpointing_on(plan: HfPlan) -> bool:
+    value = plan.value(CHECKPOINTING)
+    if value is None:
+        return plan.front_end == "trl"  # TRL's configs default it on
+    return is_true(value)
+
+
+def apply_action(plan: HfPlan, action: Action, evidence: Said = NOTHING_SAID) -> str | None:
+    if action.kind == "set_env":
+        return apply_env(plan, action)
+    if action.kind == "halve_batch":
+        return halve_batch(plan)
+    if action.kind == "add_flag":
+        if action.name == CHECKPOINTING:
+            if gradient_checkpointing_on(plan):
+                return None
+            plan.set(CHECKPOINTING, True)
+            return action.describe()
+        if action.value is not None and str(plan.value(action.name)) == action.value:
+            return None
+        return None  # no other trainer's flag means anything here
+    return restart_with_same_settings(action)
