@@ -36,7 +36,7 @@ from trainsup.trainers.base import (
 )
 from trainsup.trainers.registry import choose, families, family_rules, open_run
 
-# The diffusers example script's command (states in out/checkpoint-N/): no family names it yet, and
+# The diffusers example script's command (states in out/checkpoint-N/): the diffusers family names it, and
 # kohya's telltale --pretrained_model_name_or_path must not claim it (its argparse refuses kohya's flags).
 DIFFUSERS = ("accelerate launch train_dreambooth_lora.py --pretrained_model_name_or_path M "
              "--instance_data_dir dog --output_dir out --checkpointing_steps 500 --resume_from_checkpoint latest")
@@ -145,6 +145,27 @@ def _declarative_state(tmp: Path, run: TrainerRun) -> tuple[Path, int]:
     return state, 10
 
 
+# --- diffusers -----------------------------------------------------------------------------------
+def _diffusers_setup(tmp: Path) -> Setup:
+    return Setup(("accelerate", "launch", "train_text_to_image_lora.py", "--pretrained_model_name_or_path", "m",
+                  "--output_dir", str(tmp / "out"), "--max_train_steps", "20", "--checkpointing_steps", "5"), tmp)
+
+
+def _diffusers_state(tmp: Path, run: TrainerRun) -> tuple[Path, int]:
+    state = tmp / "out" / "checkpoint-10"
+    state.mkdir(parents=True)
+    save_file({"unet.lora_A.weight": np.ones((2, 2), np.float32)}, str(state / "pytorch_lora_weights.safetensors"))
+    for part in ("optimizer.bin", "scheduler.bin", "random_states_0.pkl"):
+        (state / part).write_bytes(b"x")
+    return state, 10
+
+
+def _diffusers_resumes(launch: Launch, state: Path) -> bool:
+    # the script joins the name with --output_dir: only the last component is passed
+    argv = list(launch.argv)
+    return argv[argv.index("--resume_from_checkpoint") + 1] == state.name
+
+
 CASES: dict[str, Case] = {
     "kohya": Case(("accelerate launch --num_cpu_threads_per_process 1 train_network.py --output_dir o",
                    "accelerate launch sdxl_train_network.py --output_dir o",
@@ -163,13 +184,18 @@ CASES: dict[str, Case] = {
     "onetrainer": Case(("python scripts/train.py --config-path cfg.json",
                         "python /opt/OneTrainer/scripts/train.py --config-path=x.json"),
                        _onetrainer_setup, _onetrainer_state, resumes=_onetrainer_resumes),
+    "diffusers": Case((DIFFUSERS, "accelerate launch examples/text_to_image/train_text_to_image_lora.py --output_dir o",
+                       "python textual_inversion.py --output_dir o",
+                       "python my_script.py --output_dir o --checkpointing_steps 100",
+                       "python my_script.py --output_dir o --resume_from_checkpoint latest"),
+                      _diffusers_setup, _diffusers_state, resumes=_diffusers_resumes),
     "hf": Case(("trl sft --model_name_or_path m --output_dir o", "python -m trl dpo --output_dir o",
                 "axolotl train cfg.yml", "python -m axolotl.cli.train cfg.yml", "llamafactory-cli train cfg.yaml",
                 "accelerate launch run_clm.py --model_name_or_path m --output_dir o --save_steps 500",
                 ("torchrun --nproc_per_node 2 train.py --output_dir o --resume_from_checkpoint o/checkpoint-5 "
                  "--per_device_train_batch_size 4")),
                _hf_setup, _hf_state),
-    "command": Case(("python train.py --epochs 3", "./train.sh", DIFFUSERS),
+    "command": Case(("python train.py --epochs 3", "./train.sh"),
                     lambda tmp: Setup(("python", "train.py", "--out_dir", "runs/a"), tmp)),
     "declarative": Case((), _declarative_setup, _declarative_state, trainer=SECTION),
 }
@@ -219,7 +245,7 @@ def test_a_claim_is_a_step_of_the_claim_scale(name: str) -> None:
 def test_a_diffusers_script_is_never_kohyas_even_with_its_telltale_flag() -> None:
     argv = DIFFUSERS.split()
     assert families()["kohya"].detect(argv) == 0
-    assert choose(argv).name == "command"  # until a checkpoint-N family names the script
+    assert choose(argv).name == "diffusers"  # the checkpoint-N family names the script
     renamed = "python my_lora_script.py --pretrained_model_name_or_path m --output_dir o".split()
     assert choose(renamed).name == "kohya"  # a renamed sd-scripts script still is kohya's by its flags
 
