@@ -40,12 +40,12 @@ from ...trainers.base import (
     UsageError,
 )
 from ...trainers.interpreter import trainer_python
-from ...trainers.stepstates import StepStates, step_dirs
+from ...trainers.stepstates import StepStates, newest_mtime, step_dirs
 from .output import HfOutput, unknown_log_format
 from .plan import FrontEnd, HfPlan, find_front_end, is_off, is_true, script_at
 from .remedies import apply_action, ladder
 from .rules import RULES
-from .states import CHECKPOINT, WEIGHTS, at_end, checkpoint_problem
+from .states import CHECKPOINT, SHARD_INDEXES, WEIGHTS, at_end, checkpoint_problem
 
 RESUME = "resume_from_checkpoint"
 AUTO_RESUME = "auto_resume_from_checkpoints"  # axolotl's own "latest"
@@ -167,8 +167,18 @@ class HfRun(TrainerRun):
         self.user_resume = path
 
     def bind(self, run_dir: Path, ledger: Ledger, journal: Journal, say: Say) -> None:
-        self.step_states = HfStates(ledger, journal, say, self.checkpoints, checkpoint_problem)
+        self.step_states = HfStates(ledger, journal, say, self.checkpoints, checkpoint_problem, publish=self._final)
         self.states = self.step_states
+
+    def _final(self) -> str | None:
+        """The final model the Trainer's ``save_model`` wrote at the top of the output dir during this
+        run, for the run's end to name (exit 0 alone is success: not every script saves one)."""
+        started = min([a.started for a in self.step_states.ledger.attempts if a.started is not None] or [0.0])
+        for name in WEIGHTS + SHARD_INDEXES:
+            path = self.out / name
+            if path.is_file() and newest_mtime(path) >= int(started):
+                return str(path)
+        return None
 
     def existing_outputs(self) -> list[Path]:
         found = [p for p, _ in self.checkpoints()]
