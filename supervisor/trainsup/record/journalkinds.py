@@ -208,10 +208,11 @@ SECTIONS: Final = (
         _kind(STATE_SET_ASIDE, "a state past the resume point, or one cut mid-save, moved out of the "
                                "trainer's way "
               "(`RUN_DIR/set-aside/`)", "dir", "step?", "to", "why?", "reason?", "attempt?"),
-        _kind(RESUME_EXACT, "sd-scripts: the resume point is the epoch end `epoch_end`",
+        _kind(RESUME_EXACT, "sd-scripts, the diffusers scripts: the resume point is the epoch end `epoch_end`",
               "newest: the newest complete state", "step: the newest's", "epoch_end",
               "state: the epoch-end state resumed from"),
-        _kind(RESUME_INEXACT, "sd-scripts: the newest epoch end is too far back; resumed from the newest "
+        _kind(RESUME_INEXACT, "sd-scripts, the diffusers scripts: the newest epoch end is too far back; resumed "
+                              "from the newest "
                               "state, not "
               "exactly ([Resume](../guides/resume.md))", "newest", "step", "epoch_end", "reason"),
         _kind(SEGMENT_RELAUNCH, "sd-scripts: the attempt is stopped at an epoch's end and relaunched from "
