@@ -37,12 +37,13 @@ class HfBed:
     def python(self) -> Path:
         return self.root / "venv" / "bin" / "python"
 
-    def command(self, out: Path, *extra: str) -> list[str]:
+    def command(self, out: Path, *extra: str, bf16_off: bool = True) -> list[str]:
+        """The README's command (``bf16_off`` False: without ``--bf16 false``, TRL's bf16 default on a CPU)."""
         r = self.root
         return [str(self.trl), "sft", "--model_name_or_path", str(r / "model" / "tiny-llama"),
                 "--dataset_name", str(r / "data" / "chat"), "--output_dir", str(out), "--max_steps", "20",
-                "--save_steps", "5", "--logging_steps", "1", "--per_device_train_batch_size", "8", "--bf16", "false",
-                *extra]
+                "--save_steps", "5", "--logging_steps", "1", "--per_device_train_batch_size", "8",
+                *(["--bf16", "false"] if bf16_off else []), *extra]
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINSUP_DEMO_")}

@@ -79,6 +79,20 @@ def test_a_clean_run_and_a_finished_run_started_again_train_no_extra_step(
     assert len(list(run.run_dir.glob("attempt-*.log"))) == 1
 
 
+def test_trls_bf16_default_on_a_cpu_is_turned_off_and_the_run_trains_as_with_the_flag(
+        hf_bed: HfBed, reference: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    argv = hf_bed.command(out, bf16_off=False)
+    run = supervise(argv, out, tmp_path, env=hf_bed.env(), policy=POLICY, timeout=600, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (fault,) = run.of("fault")
+    assert fault["class"] == "bf16_unsupported" and "doesn't support bf16/gpu" in fault["evidence"]
+    first, second = run.of("attempt_start")
+    assert first["argv"] == argv and second["argv"] == [*argv, "--bf16", "false"]
+    assert second["resume_from"] is None  # it failed before anything was written
+    assert_as_uninterrupted(hf_bed, out, reference)
+
+
 def test_a_kill_two_steps_after_the_step_10_checkpoint_resumes_to_the_uninterrupted_runs_weights(
         hf_bed: HfBed, reference: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"

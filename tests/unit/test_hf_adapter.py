@@ -293,14 +293,26 @@ def test_a_nan_loss_in_the_trainers_dict_and_bf16_on_a_cpu_are_recognised() -> N
     assert ids("{'loss': nan, 'grad_norm': nan, 'epoch': 1.38}") == ["nan_loss"]
     assert ids("{'loss': '6.191', 'epoch': '1.375'}") == []
     assert ids("ValueError: Your setup doesn't support bf16/gpu. You need to assign use_cpu if you want to "
-               "train the model on CPU.") == ["config_error"]
+               "train the model on CPU.") == ["bf16_unsupported"]
 
 
-def test_doctor_blocks_bf16_on_a_cpu_torch_and_a_resume_path_that_is_no_checkpoint(tmp_path: Path) -> None:
+def test_bf16_refused_on_a_cpu_is_turned_off_in_the_flags_or_the_yaml(tmp_path: Path) -> None:
+    (rung, _stop) = FAMILY.open(Setup(trl(tmp_path / "out"), tmp_path)).ladder("bf16_unsupported")
+    run = FAMILY.open(Setup(trl(tmp_path / "out"), tmp_path))
+    plan = run.plan.copy()
+    assert run.apply(plan, rung.actions[0]) is not None and plan.argv()[-2:] == ["--bf16", "false"]
+    assert run.apply(plan, rung.actions[0]) is None  # already off
+    (tmp_path / "sft.yaml").write_text(LLAMAFACTORY + "bf16: true\n")
+    lf = FAMILY.open(Setup(("llamafactory-cli", "train", "sft.yaml"), tmp_path))
+    plan = lf.plan.copy()
+    assert lf.apply(plan, rung.actions[0]) is not None and plan.derived()["bf16"] is False
+
+
+def test_doctor_warns_of_bf16_on_a_cpu_torch_and_blocks_a_resume_path_that_is_no_checkpoint(tmp_path: Path) -> None:
     run = FAMILY.open(Setup(trl(tmp_path / "out", "--resume_from_checkpoint", str(tmp_path / "nope")), tmp_path))
     run.doctor_facts = DoctorFacts(python="/x/python", versions={"torch": "2.13.0+cpu"})
-    found = {f.id for f in run.doctor({})}
-    assert {"bf16_cpu", "resume"} <= found
+    found = {f.id: f.severity for f in run.doctor({})}
+    assert found == {"bf16_cpu": "warning", "resume": "blocker"}
     ok = FAMILY.open(Setup(trl(tmp_path / "out", "--bf16", "false"), tmp_path))
     ok.doctor_facts = DoctorFacts(python="/x/python", versions={"torch": "2.13.0+cpu"})
     assert ok.doctor({}) == []

@@ -244,9 +244,9 @@ class HfRun(TrainerRun):
         bf16_on = bf16 is None or not is_off(bf16)  # TRL's default is on
         cpu_only = bool(torch) and "+cpu" in str(torch) and not is_true(self.plan.value("use_cpu"))
         if self.plan.front_end == "trl" and cpu_only and bf16_on:
-            found.append(Finding("blocker", "bf16_cpu", f"TRL turns bf16 on by default and this torch ({torch}) has no "
-                                 "GPU: the Trainer stops with \"Your setup doesn't support bf16/gpu\"",
-                                 "add --bf16 false (or --use_cpu true)"))
+            found.append(Finding("warning", "bf16_cpu", f"TRL turns bf16 on by default and this torch ({torch}) has no "
+                                 "GPU: the Trainer stops with \"Your setup doesn't support bf16/gpu\" (trainsup run "
+                                 "then relaunches with --bf16 false)", "add --bf16 false (or --use_cpu true)"))
         return found
 
 

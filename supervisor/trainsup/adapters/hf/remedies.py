@@ -4,7 +4,8 @@
   (halved when even) with ``gradient_accumulation_steps`` multiplied by it, so the optimizer sees the
   same effective batch (``per_device_train_batch_size`` x accumulation); then gradient checkpointing
   (``--gradient_checkpointing true``; TRL has it on by default, so there the rung means nothing).
-- ``config_error`` stops with the Trainer's own fix where its wording says one (bf16 on a CPU).
+- ``bf16_unsupported`` (bf16 asked for where there is no GPU: TRL's default on a CPU): ``--bf16 false``.
+- ``config_error`` stops: a restart cannot fix the command.
 
 A YAML front-end gets the same edits in its derived YAML (axolotl names the batch ``micro_batch_size``).
 Actions of other trainers' ladders mean nothing here: ``apply`` answers None and the rung is skipped.
@@ -16,12 +17,17 @@ from ...faults import remedies
 from ...faults.remedies import Action, Rung, stop
 from ...faults.verdict import NOTHING_SAID, Said
 from ...trainers.base import apply_env, restart_with_same_settings
-from .plan import HfPlan, is_true
+from .plan import HfPlan, is_off, is_true
+from .rules import BF16_UNSUPPORTED
 
 BATCH, ACCUM, CHECKPOINTING = "per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing"
 DEFAULT_BATCH = 8  # TrainingArguments' default per-device batch
 
 LADDERS: dict[str, tuple[Rung, ...]] = {
+    BF16_UNSUPPORTED: (
+        Rung((Action("add_flag", "bf16", "false", says="add --bf16 false (no GPU here: the Trainer refuses bf16)"),)),
+        stop("the Trainer still refuses bf16 with --bf16 false; check --bf16_full_eval and the config's bf16"),
+    ),
     "cuda_oom": (
         Rung((Action("set_env", "PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),)),
         Rung((Action("halve_batch"),)),
@@ -34,8 +40,7 @@ LADDERS: dict[str, tuple[Rung, ...]] = {
 
 def ladder(fault: str, plan: HfPlan) -> tuple[Rung, ...]:
     if fault == "config_error":
-        return (stop("the command or its files are wrong for the Trainer; on a machine without a GPU pass "
-                     "--bf16 false (TRL turns bf16 on by default); a restart cannot fix it"),)
+        return (stop("the command or its files are wrong for the Trainer; a restart cannot fix it"),)
     return remedies.ladder(fault, LADDERS)
 
 
@@ -86,7 +91,10 @@ def apply_action(plan: HfPlan, action: Action, evidence: Said = NOTHING_SAID) ->
                 return None
             plan.set(CHECKPOINTING, True)
             return action.describe()
-        if action.value is not None and str(plan.value(action.name)) == action.value:
-            return None
+        if action.name == "bf16":
+            if plan.value("bf16") is not None and is_off(plan.value("bf16")):
+                return None
+            plan.set("bf16", False)
+            return action.describe()
         return None  # no other trainer's flag means anything here
     return restart_with_same_settings(action)

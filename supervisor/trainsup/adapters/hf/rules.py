@@ -2,14 +2,18 @@
 
 - ``nan_loss``: the per-step dict on stdout, ``{'loss': 'nan', ...}`` (transformers 5 prints its values as
   strings, earlier versions as numbers: ``{'loss': nan, ...}``).
-- ``config_error``: ``TrainingArguments`` refusing bf16 on a machine without a GPU (TRL turns ``bf16`` on
-  by default): ``ValueError: Your setup doesn't support bf16/gpu.`` (seen on the real bed), and the
-  Trainer's ``Can't find a valid checkpoint at PATH`` for a resume path that is no checkpoint.
+- ``bf16_unsupported`` (this adapter's own id): ``TrainingArguments`` refusing bf16 on a machine without a
+  GPU (TRL turns ``bf16`` on by default): ``ValueError: Your setup doesn't support bf16/gpu.`` (seen on the
+  real bed, before anything is written); its ladder turns bf16 off.
+- ``config_error``: the Trainer's ``Can't find a valid checkpoint at PATH`` for a resume path that is no
+  checkpoint.
 """
 
 from __future__ import annotations
 
 from ...faults.rules import FaultRule
+
+BF16_UNSUPPORTED = "bf16_unsupported"
 
 RULES: tuple[FaultRule, ...] = (
     FaultRule(
@@ -19,10 +23,9 @@ RULES: tuple[FaultRule, ...] = (
         explanation="The training loss became NaN (the Trainer's per-step log); it keeps going but learns nothing.",
     ),
     FaultRule(
-        id="config_error",
+        id=BF16_UNSUPPORTED,
         patterns=(r"Your setup doesn't support bf16/gpu",),
-        restartable=False,
-        explanation="bf16 is on (TRL's default) and no GPU is there: pass --bf16 false (or --use_cpu) on a CPU.",
+        explanation="bf16 is on (TRL's default) and no GPU is there: the Trainer trains on a CPU with --bf16 false.",
     ),
     FaultRule(
         id="config_error",
