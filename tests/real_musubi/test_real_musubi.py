@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import pytest
 
 from tests.e2e.demo_harness import SupervisedRun, digest_tree, supervise
 from tests.real_musubi.bed import RESIDUAL, STEPS_PER_EPOCH, MusubiBed, lora_metadata, trainer_process
+from trainsup.trainers.sthead import load_header
 
 POLICY = "backoff:\n  initial_s: 0.5\n  max_s: 1\nstop:\n  grace_s: 10\n"
 NAMES = sorted([f"tiny-step{s:08d}{end}" for s in (5, 10, 15, 20) for end in (".safetensors", "-state")]
@@ -195,3 +197,52 @@ def test_a_resume_at_an_epoch_end_is_not_exact_either(musubi_bed: MusubiBed, ref
     worst = musubi_bed.max_abs_diff(resumed / "tiny.safetensors", reference / "tiny.safetensors")
     print(f"musubi resumed from the end of epoch 1 (step 8): max |dw| {worst:.3g} against the uninterrupted run")
     assert worst > 1e-5, worst  # measured 1.46e-2 (docs/measured.md): further off than the mid-epoch resume
+
+
+def test_a_resolution_edit_mid_run_trains_on_latents_made_again_in_the_run_dir(
+        musubi_bed: MusubiBed, tmp_path: Path) -> None:
+    """The user edits the dataset TOML's resolution while the run trains (64 -> 48): trainsup applies it
+    at a state, and that launch's derived dataset TOML points at caches in the run dir that musubi's own
+    ``wan_cache_latents.py`` makes first (with the ``--vae`` the command names). The run still ends at
+    exactly 20 steps under the uninterrupted run's names, and the user's cache directory is never written
+    (musubi's caching script deletes the caches it does not expect where it writes)."""
+    dataset = tmp_path / "dataset.toml"
+    dataset.write_text((musubi_bed.root / "data" / "dataset.toml").read_text())
+    assert "resolution = [64, 64]" in dataset.read_text()
+    user_cache = musubi_bed.root / "data" / "cache"
+    before = digest_tree(user_cache)
+    out = tmp_path / "out"
+    edited: dict[str, int] = {}
+
+    def edit(event: dict[str, Any]) -> None:
+        if event["event"] == "state_saved" and event["step"] == 5 and not edited:
+            dataset.write_text(dataset.read_text().replace("resolution = [64, 64]", "resolution = [48, 48]"))
+            edited["at"] = 5
+
+    argv = musubi_bed.command(out, "--vae", str(musubi_bed.root / "models" / "Wan2.1_VAE.pth"), dataset=dataset)
+    done = supervise(argv, out, tmp_path, env=musubi_bed.env(), policy=POLICY, on_event=edit, timeout=1800,
+                     cwd=musubi_bed.musubi)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert edited and not done.of("fault")
+    starts = done.of("attempt_start")
+    assert len(starts) == 2 and starts[1]["resume_step"] in (10, 15), starts
+    (made,) = done.of("pre_step_start")
+    assert made["attempt"] == 2 and "src/musubi_tuner/wan_cache_latents.py" in made["argv"]
+    assert done.of("pre_step_end")[0]["exit_code"] == 0
+    argv2 = starts[1]["argv"]
+    derived = Path(argv2[argv2.index("--dataset_config") + 1])
+    doc = tomllib.loads(derived.read_text())
+    assert doc["general"]["resolution"] == [48, 48]
+    cache = Path(doc["datasets"][0]["cache_directory"])
+    assert cache.is_relative_to(out / ".trainsup" / "caches")
+    # musubi names a latent cache by the image's own size (64x64 here, as the user's are); the latents
+    # inside are the new resolution's: 48 px / 8 = 6 (the user's hold 8x8)
+    latents = sorted(cache.glob("*_wan.safetensors"))
+    assert [p.name for p in latents] == [f"img{i:02d}_0064x0064_wan.safetensors" for i in range(4)]
+    assert all([t.name for t in load_header(p).tensors()] == ["latents_1x6x6_bfloat16"] for p in latents)
+    assert sorted(p.name for p in cache.glob("*_wan_te.safetensors")) == [f"img{i:02d}_wan_te.safetensors"
+                                                                          for i in range(4)]
+    assert sum(e["steps_trained"] for e in done.of("attempt_end")) == 20
+    assert done.of("attempt_end")[-1]["step"] == 20
+    assert visible(out) == NAMES
+    assert digest_tree(user_cache) == before

@@ -156,3 +156,31 @@ def test_a_sample_shelf_leaves_a_sample_being_written_and_hides_it_once_its_atte
     assert parse(f"lora_e000002_03{STAMP}_42.png", "lora") is not None
     assert parse(f"lora-trainsup2_000002_00{STAMP}.png", "lora") is None
     assert parse("000002_00.png", None) is not None and parse("prompts_used.jsonl", None) is None
+
+
+def _mp4(*boxes: tuple[bytes, bytes]) -> bytes:
+    return b"".join((8 + len(body)).to_bytes(4, "big") + kind + body for kind, body in boxes)
+
+
+def test_a_video_models_mp4_samples_are_published_at_their_true_steps_and_cut_ones_hidden(tmp_path: Path) -> None:
+    """musubi-tuner writes a video model's sample as ``NAME_STEP6_II_TIMESTAMP[_SEED].mp4``: an attempt's
+    complete one is published at its true step, one cut while written (its boxes do not reach the end,
+    or it has no index yet) is left while its attempt runs and hidden once it ended."""
+    events: list[tuple[str, dict[str, object]]] = []
+    shelf = SampleShelf(tmp_path / "sample", tmp_path / "run", "tiny", SampleCadence(10, None, False, 40), 0.0,
+                        lambda kind, **fields: events.append((kind, fields)))
+    (tmp_path / "sample").mkdir()
+    video = _mp4((b"ftyp", b"isom\x00\x00\x02\x00"), (b"mdat", b"\x01" * 64), (b"moov", b"\x02" * 32))
+    done = tmp_path / "sample" / f"tiny-trainsup2_000002_00{STAMP}_42.mp4"
+    done.write_bytes(video)
+    cut = tmp_path / "sample" / f"tiny-trainsup2_000002_01{STAMP}_42.mp4"
+    cut.write_bytes(video[:-10])
+    no_index = tmp_path / "sample" / f"tiny-trainsup2_000002_02{STAMP}_42.mp4"
+    no_index.write_bytes(_mp4((b"ftyp", b"isom"), (b"mdat", b"\x01" * 64)))
+    shelf.settle("tiny-trainsup2", 8, ended=False)
+    assert (tmp_path / "sample" / f"tiny_000010_00{STAMP}_42.mp4").read_bytes() == video
+    assert cut.exists() and no_index.exists() and not done.exists()
+    shelf.settle("tiny-trainsup2", 8, ended=True)
+    assert not cut.exists() and not no_index.exists()
+    assert sorted(p.name for p in (tmp_path / "sample").iterdir()) == [f"tiny_000010_00{STAMP}_42.mp4"]
+    assert [e[1]["why"] for e in events if e[0] == "sample_hidden"][-2:] == ["cut short", "cut short"]

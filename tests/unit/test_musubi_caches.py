@@ -260,12 +260,13 @@ def test_a_resolution_edit_is_applied_with_the_latents_made_again_in_the_run_dir
     assert step.argv[1:] == ("src/musubi_tuner/wan_cache_latents.py", "--dataset_config", str(derived),
                              "--vae", "vae.pth")
     assert "48x48" in step.says
-    # once musubi wrote them (complete files), a later launch with the same settings runs nothing first
+    # once musubi wrote them (complete files; named by the image's own size, as on the real bed), a later
+    # launch with the same settings runs nothing first
     for item in ITEMS:
         save_file({"latents_1x6x6_bfloat16": np.zeros((16, 1, 6, 6), np.float32)},
-                  str(cache_dir / f"{item}_0048x0048_wan.safetensors"))
+                  str(cache_dir / f"{item}_0064x0064_wan.safetensors"))
     assert run.launch(run.plan.copy(), 3, None, run_dir).before == ()
-    cut = cache_dir / "img01_0048x0048_wan.safetensors"
+    cut = cache_dir / "img01_0064x0064_wan.safetensors"
     cut.write_bytes(cut.read_bytes()[:-100])  # a cache cut by a kill during the caching
     assert len(run.launch(run.plan.copy(), 4, None, run_dir).before) == 1
     assert _user_cache(tmp_path) == before

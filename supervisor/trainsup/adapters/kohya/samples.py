@@ -3,12 +3,13 @@
 sd-scripts writes ``OUTPUT_DIR/sample/[NAME_]STEP6_II_TIMESTAMP[_SEED].png`` (II: the prompt's
 place in the prompt file; an epoch's samples ``eEPOCH6``, ``--sample_at_first``'s ``e000000``), with
 the step it counts: after a resume, the attempt's own label. musubi-tuner's are the same, with the
-grid index after the seed (``..._SEED_000.png``). An attempt that writes under its own
-``NAME-trainsupN`` name (see ``adapter``) has each complete sample that the user's sample cadence asks
-for published under the user's name and its true step, a hard link (the timestamp and seed kept), and
-never over a sample of the same step and prompt this run already shows; then the attempt's file is
-moved into ``RUN_DIR/saves/samples/`` (journal ``sample_published``, ``sample_hidden``), whatever
-it was. A sample still being written is left until it is complete, or until its attempt has ended.
+grid index after the seed (``..._SEED_000.png``), and a video model's are ``.mp4`` files (no index).
+An attempt that writes under its own ``NAME-trainsupN`` name (see ``adapter``) has each complete sample
+that the user's sample cadence asks for published under the user's name and its true step, a hard link
+(the timestamp and seed kept), and never over a sample of the same step and prompt this run already
+shows; then the attempt's file is moved into ``RUN_DIR/saves/samples/`` (journal ``sample_published``,
+``sample_hidden``), whatever it was. A sample still being written is left until it is complete, or until its
+attempt has ended.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from pathlib import Path
 from ...record.fsutil import move_into
 
 # musubi-tuner's image samples add the image's index in the grid (``_000``) after the seed.
-_NAME = re.compile(r"^(?P<epoch>e?)(?P<number>\d{6})_(?P<index>\d{2})(?P<tail>(?:_\d{14})?(?:_\d+)?(?:_\d{3})?)\.png$")
+_NAME = re.compile(r"^(?P<epoch>e?)(?P<number>\d{6})_(?P<index>\d{2})(?P<tail>(?:_\d{14})?(?:_\d+)?(?:_\d{3})?)"
+                   r"\.(?P<ext>png|mp4)$")
 _PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"  # the IEND chunk, the last bytes of every PNG
 
 
@@ -36,13 +38,14 @@ class SampleName:
     number: int
     index: int
     tail: str  # ``_TIMESTAMP[_SEED]``
+    ext: str = "png"  # ``mp4``: a video model's sample (musubi-tuner)
 
     def key(self) -> tuple[bool, int, int]:
         return self.epoch, self.number, self.index
 
     def named(self, output_name: str | None, number: int) -> str:
         prefix = f"{output_name}_" if output_name else ""
-        return f"{prefix}{'e' if self.epoch else ''}{number:06d}_{self.index:02d}{self.tail}.png"
+        return f"{prefix}{'e' if self.epoch else ''}{number:06d}_{self.index:02d}{self.tail}.{self.ext}"
 
 
 def parse(name: str, output_name: str | None) -> SampleName | None:
@@ -51,7 +54,8 @@ def parse(name: str, output_name: str | None) -> SampleName | None:
     m = _NAME.match(name[len(prefix):]) if name.startswith(prefix) else None
     if m is None:
         return None
-    return SampleName(m.group("epoch") == "e", int(m.group("number")), int(m.group("index")), m.group("tail"))
+    return SampleName(m.group("epoch") == "e", int(m.group("number")), int(m.group("index")), m.group("tail"),
+                      m.group("ext"))
 
 
 def complete_png(path: Path) -> bool:
@@ -61,6 +65,40 @@ def complete_png(path: Path) -> bool:
             return f.read() == _PNG_END
     except OSError:
         return False
+
+
+def complete_mp4(path: Path) -> bool:
+    """Whether an MP4's top-level boxes (4-byte size, 4-byte type; size 1: a 64-bit size follows; 0: to
+    the end) tile the file exactly and hold its index (``moov``) and its media (``mdat``): a file cut
+    while written fails one or the other."""
+    seen: set[bytes] = set()
+    try:
+        with open(path, "rb") as f:
+            end = f.seek(0, os.SEEK_END)
+            at = 0
+            while at < end:
+                f.seek(at)
+                head = f.read(16)
+                if len(head) < 8:
+                    return False
+                size, kind = int.from_bytes(head[:4], "big"), head[4:8]
+                if size == 1:
+                    if len(head) < 16:
+                        return False
+                    size = int.from_bytes(head[8:16], "big")
+                elif size == 0:
+                    size = end - at
+                if size < 8 or at + size > end:
+                    return False
+                seen.add(kind)
+                at += size
+    except OSError:
+        return False
+    return {b"moov", b"mdat"} <= seen
+
+
+def complete(path: Path, sample: SampleName) -> bool:
+    return complete_mp4(path) if sample.ext == "mp4" else complete_png(path)
 
 
 @dataclass(frozen=True)
@@ -102,7 +140,7 @@ class SampleShelf:
     def shown(self) -> set[tuple[bool, int, int]]:
         """(epoch?, true number, prompt index) of every sample this run shows under the user's name."""
         found = set()
-        for path in self.folder.glob("*.png"):
+        for path in self.folder.glob("*_*"):
             name = parse(path.name, self.user_name)
             if name is not None and self._ours(path):
                 found.add(name.key())
@@ -117,19 +155,19 @@ class SampleShelf:
         if output_name == self.user_name:
             return  # its names are true already
         shown: set[tuple[bool, int, int]] | None = None
-        for path in sorted(self.folder.glob(f"{glob.escape(output_name or '')}_*.png")):
+        for path in sorted(self.folder.glob(f"{glob.escape(output_name or '')}_*")):
             sample = parse(path.name, output_name)
             if sample is None:
                 continue
-            complete = complete_png(path)
-            if not ended and (not complete or (offset is None and not sample.epoch)):
+            whole = complete(path, sample)
+            if not ended and (not whole or (offset is None and not sample.epoch)):
                 continue  # still being written, or its true step is not known yet: look again later
             number = sample.number if sample.epoch else sample.number + (offset or 0)
-            if complete and (sample.epoch or offset is not None) and self.cadence.wants(sample, number):
+            if whole and (sample.epoch or offset is not None) and self.cadence.wants(sample, number):
                 shown = self.shown() if shown is None else shown
                 if (sample.epoch, number, sample.index) not in shown and self._publish(path, sample, number):
                     shown.add((sample.epoch, number, sample.index))
-            self._hide(path, "a sample under an attempt's own name" if complete else "cut short")
+            self._hide(path, "a sample under an attempt's own name" if whole else "cut short")
 
     def _publish(self, path: Path, sample: SampleName, number: int) -> bool:
         dst = self.folder / sample.named(self.user_name, number)

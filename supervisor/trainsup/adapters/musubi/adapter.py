@@ -57,8 +57,9 @@ from .profile import MUSUBI, is_training_script
 from .remedies import ladder as musubi_ladder
 from .rules import FAMILY_RULES, RUN_RULES
 
-# OUTPUT_DIR/sample/NAME_STEP6_II_TIMESTAMP[_SEED]_NNN.png (an image; NNN: its place in the grid)
-_SAMPLE_STEP = r"(\d{6})_\d{2}(?:_\d{14})?(?:_\d+)?(?:_\d{3})?\.png$"
+# OUTPUT_DIR/sample/NAME_STEP6_II_TIMESTAMP[_SEED]_NNN.png (an image; NNN: its place in the grid), or
+# NAME_STEP6_II_TIMESTAMP[_SEED].mp4 (a video)
+_SAMPLE_STEP = r"(\d{6})_\d{2}(?:_\d{14})?(?:_\d+)?(?:_\d{3}\.png|\.png|\.mp4)$"
 # What shapes the weights (``record.identity``), as the user gave it.
 SHAPING = ("task", "dit", "network_module", "network_dim", "network_alpha", "network_args", "network_weights",
            "optimizer_type", "optimizer_args", "learning_rate", "lr_scheduler", "max_train_steps",

@@ -29,8 +29,8 @@ LADDERS: dict[str, tuple[Rung, ...]] = {
         Rung(FP8),
         Rung((HALVE_BATCH,)),
         Rung((Action("add_flag", "blocks_to_swap", "10"),)),
-        Rung((LOWER_RESOLUTION,)),
         Rung((Action("add_flag", "split_attn"),)),
+        Rung((LOWER_RESOLUTION,)),
         stop("out of GPU memory after every memory remedy"),
     ),
     "host_oom_killed": (
