@@ -231,3 +231,21 @@ def test_a_finished_run_started_again_trains_nothing_and_leaves_its_final_weight
         assert "Nothing is trained again" in rerun.stderr + rerun.stdout
         assert digest_tree(again / "out") == before
         assert not (again / "out" / ".trainsup" / "attempt-2.log").exists()
+
+
+def test_a_flag_whose_package_is_missing_is_dropped_and_the_run_trains(
+        diffusers_bed: DiffusersBed, reference: Path, tmp_path: Path) -> None:
+    """A command copied from a GPU box: --enable_xformers_memory_efficient_attention without xformers (the
+    bed has none) stops the script before its first step; the next launch runs without the flag."""
+    out = tmp_path / "out"
+    argv = diffusers_bed.command(out, "--enable_xformers_memory_efficient_attention")
+    done = supervise(argv, out, tmp_path, env=diffusers_bed.env(), policy=POLICY, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [f["class"] for f in done.of("fault")] == ["flag_needs_package"]
+    assert "xformers is not available" in done.of("fault")[0]["evidence"]
+    first, second = (a["argv"] for a in done.of("attempt_start"))
+    assert "--enable_xformers_memory_efficient_attention" in first
+    assert second == [a for a in first if a != "--enable_xformers_memory_efficient_attention"]
+    # PyTorch's own attention, the rest of the command as given: the uninterrupted run's weights
+    assert visible(out) == visible(reference)
+    assert diffusers_bed.max_abs_diff(out / FINAL, reference / FINAL) == 0.0

@@ -255,3 +255,19 @@ def test_doctor_blocks_a_name_the_scripts_latest_crashes_on_and_warns_of_limit_1
     run = FAMILY.open(Setup(tuple(DIFFUSERS_BED + ["--resume_from_checkpoint", "/elsewhere/checkpoint-7"]),
                             tmp_path, as_given=True))
     assert {f.id for f in run.doctor({}) if f.severity == "blocker"} >= {"resume_missing"}
+
+
+def test_a_flag_whose_package_is_missing_is_dropped_and_only_that_flag(tmp_path: Path) -> None:
+    from trainsup.faults.verdict import Said
+    from trainsup.trainers.base import rung_applies
+
+    run = FAMILY.open(Setup(tuple(DIFFUSERS_BED + ["--enable_xformers_memory_efficient_attention",
+                                                   "--use_8bit_adam"]), tmp_path))
+    assert any(r.id == "flag_needs_package" for r in run.rules())
+    xformers = Said("ValueError: xformers is not available. Make sure it is installed correctly")
+    rungs = [r for r in run.ladder("flag_needs_package") if rung_applies(run, run.plan, r, xformers)]
+    assert [r.describe() for r in rungs][0] == "remove --enable_xformers_memory_efficient_attention"
+    bnb = Said("ImportError: Please install bitsandbytes to use 8-bit Adam. You can do so by running `pip install "
+               "bitsandbytes`")
+    rungs = [r for r in run.ladder("flag_needs_package") if rung_applies(run, run.plan, r, bnb)]
+    assert "remove --use_8bit_adam" in rungs[0].describe()

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ...faults.remedies import Action, Rung
+from ...faults.rules import FaultRule
 from ...faults.verdict import NOTHING_SAID, Said
 from ...record.journal import Journal
 from ...record.ledger import Ledger, StateRecord
@@ -47,6 +48,7 @@ from ...trainers.interpreter import trainer_python
 from . import doctor
 from .output import DiffusersOutput, steps_per_epoch
 from .remedies import apply_action, ladder
+from .rules import FAMILY_RULES
 from .states import DiffusersStates, checkpoints, state_problem
 
 # The example scripts of huggingface/diffusers (examples/*/ and examples/research_projects/*/) and
@@ -231,6 +233,9 @@ class DiffusersRun(TrainerRun):
         if per_epoch and self.step_states is not None and self.step_states.ledger.attempts:
             self.step_states.note_per_epoch(per_epoch)
 
+    def rules(self) -> tuple[FaultRule, ...]:
+        return FAMILY_RULES
+
     def ladder(self, fault: str, plan: Plan | None = None) -> tuple[Rung, ...]:
         return ladder(fault)
 
@@ -251,4 +256,4 @@ class DiffusersRun(TrainerRun):
 
 FAMILY = Family("diffusers", "diffusers' example scripts and look-alikes (accelerate checkpoint-N: "
                 "train_dreambooth_lora.py, train_text_to_image_lora.py, ...)",
-                claim=detect, session=DiffusersRun, output_format=DiffusersOutput)
+                claim=detect, session=DiffusersRun, output_format=DiffusersOutput, family_rules=FAMILY_RULES)

@@ -4,8 +4,8 @@ edits the command.
 The memory flags every diffusers example script takes: ``--gradient_checkpointing``,
 ``--mixed_precision`` (the script's flag overrides accelerate's config), ``--train_batch_size`` halved
 with ``--gradient_accumulation_steps`` doubled (the same samples per optimizer step), and
-``--dataloader_num_workers`` for shared or host memory. A fault without a ladder here takes the
-neutral one (``faults.remedies``).
+``--dataloader_num_workers`` for shared or host memory; a flag whose package is missing is dropped.
+A fault without a ladder here takes the neutral one (``faults.remedies``).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from ...faults import remedies
 from ...faults.remedies import RESTART, Action, Rung, stop
 from ...trainers.base import restart_with_same_settings
 from ...trainers.cmdline import TrainerCommand
+from .rules import FLAG_NEEDS_PACKAGE
 
 HALVE_BATCH = Action("halve_batch", says="halve --train_batch_size and double --gradient_accumulation_steps")
 BF16 = Action("add_flag", "mixed_precision", "bf16")
@@ -26,6 +27,15 @@ def _workers(to: str) -> Action:
 
 
 LADDERS: dict[str, tuple[Rung, ...]] = {
+    # A flag whose package is missing: drop that flag (PyTorch's own attention; AdamW in 32 bits, which
+    # needs more memory: said in the remedy's words). Each rung answers its own wording only.
+    FLAG_NEEDS_PACKAGE: (
+        Rung((Action("remove_flag", "enable_xformers_memory_efficient_attention"),), when=r"xformers"),
+        Rung((Action("remove_flag", "use_8bit_adam",
+                     says="remove --use_8bit_adam (bitsandbytes is missing: AdamW in 32 bits, more memory)"),),
+             when=r"bitsandbytes"),
+        stop("a flag of the command needs a package its environment lacks; install it in the trainer's venv"),
+    ),
     "cuda_oom": (
         Rung((Action("set_env", "PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),)),
         Rung((Action("add_flag", "gradient_checkpointing"),)),
