@@ -32,6 +32,7 @@ from tests.conftest import diagnose_json as diagnose
 from tests.e2e.demo_harness import clean_env
 from tests.real import bed as realkohya
 from tests.real.test_real_runs import BNB
+from tests.real_diffusers import bed as realdiffusers
 from tests.real_musubi import bed as realmusubi
 
 Case = Literal["clean", "kill", "cut", "sigterm", "remedy"]
@@ -559,6 +560,103 @@ def _litgpt_root() -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
+# --- diffusers' example scripts ---------------------------------------------------------------------
+class DiffusersBed(Bed):
+    """diffusers' unmodified ``train_text_to_image_lora.py`` (a LoRA of a tiny random SD pipeline on the
+    CPU) under ``accelerate launch``: checkpoints ``out/checkpoint-N/``, resumed by name, 8 steps an epoch
+    and one every 5, so ``checkpoint-5`` and ``checkpoint-10`` are mid-epoch and the exact resume point
+    within two intervals is the run's start. About 10 s a run."""
+
+    name = "diffusers"
+    remedy_fault = "flag_needs_package"
+    # Every case here restarts from step 0 (bit-exact); a seeded kill that lands after checkpoint-15 resumes
+    # from there, mid-epoch: the residual measured by tests/real_diffusers.
+    resume_tolerance = realdiffusers.RESIDUAL
+    log_dirs = ("logs",)  # tensorboard: each launch starts event files of its own
+
+    def _prepare(self) -> str | None:
+        found = realdiffusers.build_bed()
+        if isinstance(found, str):
+            return found
+        self.tree = found
+        return None
+
+    def launch(self, case: Case, out: Path, tmp: Path) -> Launch:
+        # remedy: a command copied from a GPU box, xformers attention without xformers on the bed
+        extra = ("--enable_xformers_memory_efficient_attention",) if case == "remedy" else ()
+        return Launch(self.tree.command(out, *extra), tmp, self.tree.env(), resumes=True)
+
+    def other_run(self, out: Path, tmp: Path) -> tuple[Launch, str | None]:
+        # No output names: another run's checkpoint-N would land on the first run's names (refused).
+        argv = replaced(self.tree.command(out), "--learning_rate", "2e-04")
+        return Launch(argv, tmp, self.tree.env(), resumes=True), None
+
+    def trainer_process(self, trainsup_pid: int) -> psutil.Process | None:
+        for p in children(trainsup_pid):
+            argv = cmdline(p)
+            if len(argv) > 1 and Path(argv[1]).name == realdiffusers.SCRIPT:
+                return p  # accelerate's child, not accelerate
+        return None
+
+    def process_pattern(self, out: Path) -> re.Pattern[str]:
+        return re.compile(rf"{re.escape(realdiffusers.SCRIPT)} .*--output_dir {re.escape(str(out))}(?: |$)")
+
+    def state_dir(self, out: Path, step: int) -> Path:
+        return out / f"checkpoint-{step}"
+
+    def state_weights(self, state: Path) -> Path:
+        return state / "pytorch_lora_weights.safetensors"
+
+    def resume_point(self, run: Run, newest: int) -> tuple[str, int]:
+        # the run's start is an epoch's end within two checkpoint intervals of step 5 and of step 10
+        return (None, 0) if newest <= 10 else super().resume_point(run, newest)  # type: ignore[return-value]
+
+    def weights_files(self, out: Path) -> list[Path]:
+        return sorted([*out.glob("checkpoint-*/pytorch_lora_weights.safetensors"),
+                       out / "pytorch_lora_weights.safetensors"])
+
+    def load_weights(self, path: Path) -> dict[str, np.ndarray]:
+        return load_file(str(path))
+
+    def check_output_dir(self, run: Run) -> None:
+        want = sorted([f"checkpoint-{s}" for s in (5, 10, 15, 20)] + ["logs", "pytorch_lora_weights.safetensors"])
+        assert sorted(p.name for p in run.out.iterdir() if p.name != ".trainsup") == want
+        for state in run.out.glob("checkpoint-*"):
+            assert sorted(p.name for p in state.iterdir()) == [
+                "optimizer.bin", "pytorch_lora_weights.safetensors", "random_states_0.pkl", "scheduler.bin"], state
+        assert run.of("finished")[0]["final_weights"] == str(run.out / "pytorch_lora_weights.safetensors")
+
+    def check_clean(self, run: Run) -> None:
+        assert [s["step"] for s in run.of("state_saved")] == [5, 10, 15, 20]
+        assert "--resume_from_checkpoint" not in run.starts()[0]["argv"]
+        self.check_output_dir(run)
+        clean = diagnose(run.log(1))
+        assert clean["fault"] is None, clean
+
+    def check_killed(self, run: Run) -> None:
+        assert "checkpoint-10/random_states_0.pkl" in run.marks["digest"]
+        assert run.of("attempt_end")[0]["child_signal"] == 9  # accelerate: `died with <Signals.SIGKILL: 9>`
+        exact = run.of("resume_exact")
+        assert exact and exact[-1]["epoch_end"] == 0, exact
+        assert "--resume_from_checkpoint" not in run.starts()[1]["argv"] and len(run.starts()) == 2
+        self.check_output_dir(run)
+        killed = diagnose(run.log(1))
+        assert "SIGKILL" in killed["evidence"], killed
+
+    def check_cut(self, run: Run) -> None:
+        # the cut checkpoint-10 moved aside whole, never deleted; the fresh attempt wrote its own
+        assert any(e["dir"] == str(self.state_dir(run.out, 10)) for e in run.of("state_set_aside"))
+        self.check_output_dir(run)
+
+    def check_remedy(self, run: Run) -> None:
+        fault = run.of("fault")[0]
+        assert "xformers is not available" in (fault["evidence"] or ""), fault
+        assert run.of("remedy")[0]["actions"] == ["remove --enable_xformers_memory_efficient_attention"]
+        first, second = run.starts()[0]["argv"], run.starts()[1]["argv"]
+        assert second == [a for a in first if a != "--enable_xformers_memory_efficient_attention"]
+        self.check_output_dir(run)
+
+
 # --- a trainer of its own shape, declared in a project's trainer: section ---------------------------
 OWN_SHAPE = str(ROOT / "tests" / "children" / "own_shape_trainer.py")
 
@@ -651,4 +749,5 @@ class OwnShapeBed(Bed):
 
 
 BEDS: tuple[Bed, ...] = (KohyaBed(), MusubiBed(), LitgptBed("finetune_full"), LitgptBed("finetune_lora"),
+                         DiffusersBed(),
                          OwnShapeBed())
