@@ -11,6 +11,7 @@ trainer at a time: each takes ~6.4 GB of memory and both cores.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 import tomllib
@@ -180,6 +181,8 @@ def test_a_training_process_killed_two_steps_after_its_step_10_state_resumes_to_
     assert 0 < worst <= RESIDUAL, worst
 
 
+@pytest.mark.skipif(os.environ.get("TRAINSUP_LONG") != "1",
+                    reason="a measurement behind the long command (two more bare runs, ~2 min): TRAINSUP_LONG=1")
 def test_a_resume_at_an_epoch_end_is_not_exact_either(musubi_bed: MusubiBed, reference: Path, tmp_path: Path) -> None:
     """Measured, for the adapter's choice of state (the newest, never an earlier epoch end): a bare run
     resumed from its state at the end of epoch 1 (step 8) with the steps left ends as far from the

@@ -65,6 +65,7 @@ class RunView:
     last_fault: str | None = None
     last_fault_evidence: str | None = None  # its line (the first row of it)
     gpu: list[dict[str, Any]] | None = None
+    ranks: list[dict[str, Any]] | None = None  # the processes that train under a launcher: rank and pid each
     pid: int | None = None  # the live supervisor's
     exit_code: int | None = None
     reason: str | None = None
@@ -116,6 +117,8 @@ def view(ref: RunRef) -> RunView:
     out.reason = data.get("reason") if isinstance(data.get("reason"), str) else None
     gpus = data.get("gpu")
     out.gpu = [g for g in gpus if isinstance(g, dict)] if isinstance(gpus, list) else None
+    ranks = data.get("ranks")
+    out.ranks = [r for r in ranks if isinstance(r, dict)] if isinstance(ranks, list) else None
     if state in LIVE_STATES and lock is None:
         out.state = "lost"
         out.reason = (f"status.json says {state!r} but no supervisor holds {run_dir / 'lock'}: "
@@ -166,6 +169,9 @@ def format_line(run: RunView, name_width: int = 0) -> str:
         parts.append(f"fault {run.last_fault}" + (f" ({_clip(shown)})" if shown else ""))
     if live:
         parts.extend(text for text in map(_gpu_text, run.gpu or []) if text)
+        numbered = sorted(r["rank"] for r in run.ranks or [] if isinstance(r.get("rank"), int))
+        if len(numbered) > 1:
+            parts.append(f"{len(numbered)} ranks")
         if run.pid is not None:
             parts.append(f"pid {run.pid}" + (f" on {run.host}" if run.host else ""))
     elif run.exit_code is not None:

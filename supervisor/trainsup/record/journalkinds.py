@@ -60,6 +60,8 @@ PLAN_ADJUSTED: Final = "plan_adjusted"
 ATTEMPT_START: Final = "attempt_start"
 PRE_STEP_START: Final = "pre_step_start"
 PRE_STEP_END: Final = "pre_step_end"
+RANKS: Final = "ranks"
+RANK_ENDED: Final = "rank_ended"
 ATTEMPT_END: Final = "attempt_end"
 FAULT: Final = "fault"
 FAULT_LIVE: Final = "fault_live"
@@ -155,6 +157,13 @@ SECTIONS: Final = (
               "log: its output"),
         _kind(PRE_STEP_END, "that program ended (one that did not end with exit 0 stops the run)",
               "attempt", "step", "exit_code", "signal", "seconds"),
+        _kind(RANKS, "the attempt found the processes that train under its launcher (torchrun, accelerate "
+              "launch, Lightning's), or more of them", "attempt",
+              "ranks: `{rank, pid}` each; `rank` `null`: the one trainer under a one-process launcher"),
+        _kind(RANK_ENDED, "one of them ended while the launcher still ran (one that did not end with exit 0 "
+              "makes trainsup stop every process of the attempt within seconds)",
+              "attempt", "rank", "pid", "exit_code: `null` when it was reaped before trainsup read it",
+              "signal"),
         _kind(ATTEMPT_END, "an attempt ended",
               "attempt", "exit_code", "signal",
               "child_status?: the real trainer's status behind a launcher such as accelerate",
@@ -162,6 +171,8 @@ SECTIONS: Final = (
               "step?: the true step reached",
               "skipped_lines?: lines the parser skipped under a flood; the log keeps every byte",
               "gpu?: the attempt's peaks per device",
+              "rank_ended?: the rank (`trainer` under a one-process launcher) whose end made trainsup stop "
+              "the launcher's processes; the attempt ended as that rank did",
               "planned_stop?: `run_complete`: trainsup stopped the trainer once the last step was saved; "
               "`relaunch`: to relaunch it from a complete state, for an edit or an sd-scripts segment; else "
               "`null`",

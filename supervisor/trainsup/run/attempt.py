@@ -6,6 +6,10 @@ hang clock (``poll``) until it is ``done``, then ``close`` and ``result``. What 
 prompt: a stop request, the engine's planned stops (a checkpoint to relaunch from, the run
 complete), a live fault (NaN loss) or a hang (the engine takes the stacks first) stop the whole
 process group at once. ``take_hang_stacks`` writes a hang's stacks for the engine.
+
+Under a launcher the attempt also watches the processes that train (``sensors.ranks``): when one ends
+badly while the launcher lives on, the whole group is stopped within seconds (the others could wait in a
+collective for minutes, and a launcher takes seconds to notice), and the attempt ends as that rank did.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from ..record import journalkinds as kinds
 from ..record.journal import Journal
 from ..sensors import stacks
 from ..sensors.hang import HangClock, HangPolicy
+from ..sensors.ranks import RankEnd, RankWatch, is_launcher
 from ..trainers.base import OutputFormat, PreStep
 from . import process
 from .events import (
@@ -30,6 +35,8 @@ from .events import (
     EventQueue,
     PhaseEntered,
     ProgressSeen,
+    RankEnded,
+    RanksFound,
     RunComplete,
     StopForChange,
     StopRequested,
@@ -37,6 +44,10 @@ from .events import (
 )
 from .observe import Observations, OutputParser
 from .pump import AttemptLog, Pump
+
+RANK_GRACE_S = 1.0  # after a rank died: the launcher's time to say how, before its group is stopped
+# after a rank ended, reaped before trainsup read how, without a word of the launcher's or a success line
+RANK_GRACE_UNKNOWN_S = 5.0
 
 
 @dataclass(kw_only=True)
@@ -51,6 +62,7 @@ class AttemptResult:
     nan_progress_step: int | None  # attempt-relative bar step where the loss first showed NaN
     stopped_for_change: bool = False  # stopped on purpose (at a checkpoint) to apply an edit
     completed: bool = False  # stopped on purpose: the last step's state is complete, the run is done
+    rank_end: RankEnd | None = None  # the rank whose end stopped the launcher's whole group
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,6 +80,7 @@ class AttemptSpec:
     fmt: OutputFormat | None = None
     planned_signal: int = signal.SIGTERM  # the trainer's own stop (OneTrainer: SIGINT, it backs up first)
     before: tuple[PreStep, ...] = ()  # programs run to their end first (``engine.Supervisor._pre_steps``)
+    watch_ranks: bool = True  # watch the processes that train under a launcher (``sensors.ranks``)
 
 
 class Attempt:
@@ -96,6 +109,10 @@ class Attempt:
         self.stopped_for_change = False
         self.completed = False
         self.hang_clock: HangClock | None = None  # from the start
+        self.rank_watch: RankWatch | None = None
+        self.rank_end: RankEnd | None = None  # the first rank that ended badly (or unknown) under the launcher
+        self.rank_end_at = 0.0
+        self.stopped_for_rank = False
         self.hang_evidence: Evidence | None = None
         self._activity_seen: float | None = None
 
@@ -125,6 +142,8 @@ class Attempt:
         self.started = self.clock()
         if self.launch.hang is not None:
             self.hang_clock = HangClock(self.launch.hang, self.started)
+        if self.launch.watch_ranks:
+            self.rank_watch = RankWatch(child.popen.pid, is_launcher(self.launch.argv))
 
     def apply(self, event: Event) -> None:
         """What an event means for the child: the pipes' ends, stops, progress for the hang clock."""
@@ -163,6 +182,8 @@ class Attempt:
         assert self.child is not None
         if self.exited_at is None and self.child.popen.poll() is not None:
             self.exited_at = self.clock()
+        if self.exited_at is None and not self.killed and self.rank_watch is not None:
+            self._watch_ranks()
         if self.exited_at is not None and not self.done and self.clock() - self.exited_at > self.launch.pump_wait_s:
             self._stop(signal.SIGTERM)  # something still holds the pipes (an orphaned worker): end the group
         if self.hang_clock is None or self.exited_at is not None or self.killed:
@@ -172,6 +193,29 @@ class Attempt:
             self._activity_seen = activity
             self.hang_clock.on_activity(activity)
         return self.hang_clock.overdue(self.clock())
+
+    def _watch_ranks(self) -> None:
+        """Say which ranks there are; stop the group once one ended badly while the launcher lives on:
+        a second after (the launcher may still print how it ended), or five when how it ended is not
+        known (its launcher reaped it at once) and neither the launcher nor a success line said."""
+        assert self.rank_watch is not None
+        now = self.clock()
+        ends, changed = self.rank_watch.poll(now)
+        if changed:
+            self.events.put(RanksFound(tuple(r.record() for r in self.rank_watch.ranks)))
+        for end in ends:
+            self.events.put(RankEnded(end))
+            if self.rank_end is None and end.failed is not False:
+                self.rank_end, self.rank_end_at = end, now
+        if self.rank_end is None:
+            return
+        said = self.scanner.child_status
+        known = self.rank_end.failed or (said is not None and said != (0, None))
+        if not known and (self.obs.success_seen or said == (0, None)):
+            return  # it finished: the launcher is winding down
+        if now - self.rank_end_at >= (RANK_GRACE_S if known else RANK_GRACE_UNKNOWN_S):
+            self.stopped_for_rank = True
+            self._stop(signal.SIGTERM)
 
     def stop_hung(self, evidence: Evidence) -> None:
         self.hang_evidence, self.stopped_live = evidence, "hang"
@@ -207,6 +251,12 @@ class Attempt:
         obs, scanner = self.parser.obs, self.scanner
         success = self.completed or obs.success_seen or (exit_code == 0 and success_fallback())
         obs.child_status, obs.child_signal = scanner.child_status or (None, None)
+        rank_end = self.rank_end if self.stopped_for_rank else None
+        if rank_end is not None:
+            # trainsup stopped the launcher: the attempt ended as the rank did, not by trainsup's signal
+            exit_code, sig, success = None, None, False
+            if scanner.child_status is None:
+                obs.child_status, obs.child_signal = rank_end.exit_code, rank_end.signal
         info = ExitInfo(exit_code, sig, obs.child_status, obs.child_signal, success)
         if self.stop_signal is not None or self.stopped_for_change or self.completed:
             fault = None
@@ -221,7 +271,7 @@ class Attempt:
         return AttemptResult(exit_code=exit_code, signal=sig, obs=obs, fault=fault, evidence=evidence,
                              uptime_s=(self.exited_at or self.clock()) - self.started, stop_signal=self.stop_signal,
                              nan_progress_step=self.nan_step, stopped_for_change=self.stopped_for_change,
-                             completed=self.completed)
+                             completed=self.completed, rank_end=rank_end)
 
 
 def run_attempt(launch: AttemptSpec, scanner: FaultScanner, events: EventQueue, *,

@@ -192,7 +192,8 @@ class Supervisor:
             say(f"attempt {number}: {step.says} (its output: {log.name})")
             journal.event(kinds.PRE_STEP_START, attempt=number, step=k, argv=list(step.argv), says=step.says,
                           log=str(log))
-            run = Attempt(dataclasses.replace(spec, argv=list(step.argv), log_path=log, hang=None, fmt=None, before=()),
+            run = Attempt(dataclasses.replace(spec, argv=list(step.argv), log_path=log, hang=None, fmt=None, before=(),
+                                              watch_ranks=False),
                           FaultScanner(self.rules), self.events, spawn=self.spawn, clock=self.clock)
             started = self.clock()
             try:
@@ -256,6 +257,10 @@ class Supervisor:
                 self.reactions.summary(attempt.obs)
             case ev.StateDone(path=path) if attempt is not None:
                 self.reactions.state_done(path, attempt.obs)
+            case ev.RanksFound(ranks=ranks):
+                self.reactions.ranks_found(ranks)
+            case ev.RankEnded(end=end):
+                self.reactions.rank_ended(end)
             case ev.EvidenceSeen(evidence=evidence) if evidence.fault in self._live:
                 self.reactions.evidence(evidence)
                 if attempt is not None:

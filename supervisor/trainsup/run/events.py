@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 if TYPE_CHECKING:
     from ..faults.matchers import Progress
     from ..faults.verdict import Evidence
+    from ..sensors.ranks import RankEnd
 
 __all__ = [
     "Eof",
@@ -29,6 +30,8 @@ __all__ = [
     "GpuSampled",
     "PhaseEntered",
     "ProgressSeen",
+    "RankEnded",
+    "RanksFound",
     "RunComplete",
     "StateDone",
     "StopForChange",
@@ -115,8 +118,22 @@ class RunComplete:
     """The engine's planned stop: the last step's state is complete, the run is done."""
 
 
+@dataclass(frozen=True)
+class RanksFound:
+    """The attempt found its training processes under the launcher (``sensors.ranks``): rank and pid each."""
+
+    ranks: tuple[dict[str, int | None], ...]
+
+
+@dataclass(frozen=True)
+class RankEnded:
+    """One of them ended while the launcher still ran."""
+
+    end: RankEnd
+
+
 Event: TypeAlias = (Eof | StopRequested | ProgressSeen | PhaseEntered | SummarySeen | StateDone | EvidenceSeen
-                    | FileChanged | GpuSampled | StopForChange | RunComplete)
+                    | FileChanged | GpuSampled | StopForChange | RunComplete | RanksFound | RankEnded)
 EventQueue = queue.SimpleQueue[Event]
 
 

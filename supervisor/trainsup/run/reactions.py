@@ -22,6 +22,7 @@ from ..record import journalkinds as kinds
 from ..record.textfmt import shown_path
 from ..sensors.hang import HangClock
 from ..sensors.oomkills import NOT_FOR_MEMORY, killed_for_memory, oom_kills
+from ..sensors.ranks import RankEnd
 from .attempt import AttemptResult, take_hang_stacks
 from .context import RunContext, say
 from .deadline import Deadline
@@ -58,6 +59,18 @@ class Reactions:
     def spawned(self, pid: int) -> None:
         self.child_pid = pid
         record_trainer(self.ctx.run_dir, pid, self.attempt_no)  # for the next supervisor, should we die
+
+    def ranks_found(self, ranks: tuple[dict[str, int | None], ...]) -> None:
+        """The processes that train under the launcher, in the status and the journal."""
+        self.ctx.status(ranks=list(ranks))
+        self.ctx.journal.event(kinds.RANKS, attempt=self.attempt_no, ranks=list(ranks))
+
+    def rank_ended(self, end: RankEnd) -> None:
+        self.ctx.journal.event(kinds.RANK_ENDED, attempt=self.attempt_no, rank=end.rank.rank, pid=end.rank.pid,
+                               exit_code=end.exit_code, signal=end.signal)
+        if end.failed is not False:
+            say(f"attempt {self.attempt_no}: {end.says()} while its launcher still runs: stopping every process "
+                "of the attempt")
 
     def absolute(self, step: int) -> int:
         """The true step of a step the trainer printed (kohya counts from its resume point)."""
@@ -145,7 +158,9 @@ class Reactions:
                           uptime_s=round(r.uptime_s, 3), steps_trained=trained,
                           step=self.resume_step + trained, skipped_lines=r.obs.skipped_lines, gpu=peaks,
                           planned_stop="run_complete" if r.completed else "relaunch" if r.stopped_for_change
-                          else None)  # trainsup stopped it on purpose: its signal is no fault
+                          else None,  # trainsup stopped it on purpose: its signal is no fault
+                          **({"rank_ended": r.rank_end.rank.rank if r.rank_end.rank.rank is not None else "trainer"}
+                             if r.rank_end is not None else {}))
         foreign_mib = self._journal_fault(r)
         same = (fault_class(r.fault).memory == "host"
                 and killed_for_memory(self.oom_kills_at_launch, oom_kills()) is False)

@@ -1,0 +1,132 @@
+"""The ranks under a launcher (``sensors.ranks``), with real processes: found with their rank numbers (a
+data-loader worker is not a rank), and a rank killed while the launcher lives on makes the engine stop
+the whole tree within seconds, journaled with the rank, the attempt ending as that rank did.
+
+The launcher here is a stand-in that never notices its children's end (as ranks blocked in a collective
+keep a real launcher waiting): what trainsup does must not depend on the launcher. It is started as
+``torchrun`` (a link to Python under that name), as a user's command names it. The real launchers are
+the real tiers' (tests/real_ranks)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from trainsup.record.journal import read_events
+from trainsup.run.engine import Supervisor
+from trainsup.run.policy import parse_policy
+from trainsup.run.spec import RunSpec
+from trainsup.sensors.ranks import RankWatch, find_ranks, is_launcher
+
+# Two ranks (RANK, LOCAL_RANK, as torchrun sets them), each with a worker that inherits its environment;
+# the launcher waits forever, whatever happens to them.
+LAUNCHER = """
+import os, subprocess, sys, time
+rank_code = '''
+import os, subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # a data-loader worker
+for step in range(1, 100000):
+    print(f"rank {os.environ['RANK']} step {step}", flush=True)
+    time.sleep(0.2)
+'''
+for rank in (0, 1):
+    env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2")
+    subprocess.Popen([sys.executable, "-c", rank_code], env=env)
+time.sleep(600)
+"""
+
+
+def _torchrun(tmp: Path) -> Path:
+    link = tmp / "torchrun"
+    link.symlink_to(sys.executable)
+    return link
+
+
+def _ranks(root: int, launcher: bool, want: int) -> list[tuple[int | None, int]]:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        found = find_ranks(root, launcher)
+        if len(found) >= want:
+            return [(r.rank, r.pid) for r in found]
+        time.sleep(0.1)
+    raise AssertionError(f"ranks not found under {root}")
+
+
+def test_ranks_are_found_by_their_environment_and_a_worker_is_not_one(tmp_path: Path) -> None:
+    launcher = psutil.Popen([str(_torchrun(tmp_path)), "-c", LAUNCHER], start_new_session=True,
+                            stdout=open(os.devnull, "w"))
+    try:
+        assert is_launcher([str(tmp_path / "torchrun"), "--nproc_per_node", "2", "train.py"])
+        assert is_launcher(["python", "-m", "torch.distributed.run", "train.py"])
+        assert not is_launcher(["python", "train.py"])
+        found = _ranks(launcher.pid, True, 2)
+        time.sleep(1.0)  # the workers have started by now: still two ranks
+        found = [(r.rank, r.pid) for r in find_ranks(launcher.pid, True)]
+        assert [rank for rank, _ in found] == [0, 1]
+        assert all(psutil.Process(pid).ppid() == launcher.pid for _, pid in found)
+        watch = RankWatch(launcher.pid, True, rescan_s=0.0)
+        assert watch.poll(0.0)[1] and [r.rank for r in watch.ranks] == [0, 1]
+        os.kill(found[1][1], signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        ends = []
+        while not ends and time.monotonic() < deadline:
+            ends = watch.poll(time.monotonic())[0]
+            time.sleep(0.05)
+        (end,) = ends
+        # never reaped by this launcher: a zombie whose status says how it ended
+        assert (end.rank.rank, end.signal, end.failed) == (1, signal.SIGKILL, True)
+        assert end.says() == f"rank 1 (pid {found[1][1]}) was killed by SIGKILL"
+    finally:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+
+
+def test_a_rank_killed_under_a_launcher_that_waits_on_stops_the_whole_tree_within_seconds(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    spec = RunSpec((str(_torchrun(tmp_path)), "-c", LAUNCHER), tmp_path, run_dir, {}, False, None)
+    sup = Supervisor(spec, parse_policy("restart:\n  max: 0\nstop:\n  grace_s: 5\n", "policy.yaml"))
+    killed: dict[str, float | int] = {}
+
+    def kill_rank_1() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            events = read_events(run_dir) if (run_dir / "events.jsonl").exists() else []
+            found = [e for e in events if e["event"] == "ranks"]
+            if found and len(found[-1]["ranks"]) == 2:
+                pid = next(r["pid"] for r in found[-1]["ranks"] if r["rank"] == 1)
+                killed["pid"], killed["tree"] = pid, len(psutil.Process(sup_child()).children(recursive=True))
+                killed["at"] = time.monotonic()
+                os.kill(pid, signal.SIGKILL)
+                return
+            time.sleep(0.1)
+
+    def sup_child() -> int:
+        return int(sup.reactions.child_pid or 0)
+
+    killer = threading.Thread(target=kill_rank_1, daemon=True)
+    killer.start()
+    code = sup.run()
+    ended = time.monotonic()
+    killer.join()
+    assert "at" in killed, "rank 1 was never found"
+    took = ended - float(killed["at"])
+    print(f"rank 1 killed -> the tree stopped and the run ended in {took:.2f} s")
+    assert took < 20, took  # seconds, where the launcher itself would have waited its 600 s (the figure: real tier)
+    assert code != 0
+    events = read_events(run_dir)
+    (ranks,) = [e for e in events if e["event"] == "ranks"][-1:]
+    assert [r["rank"] for r in ranks["ranks"]] == [0, 1]
+    (rank_end,) = [e for e in events if e["event"] == "rank_ended"]
+    assert (rank_end["rank"], rank_end["pid"], rank_end["signal"]) == (1, killed["pid"], signal.SIGKILL)
+    (attempt_end,) = [e for e in events if e["event"] == "attempt_end"]
+    assert attempt_end["rank_ended"] == 1 and attempt_end["child_signal"] == signal.SIGKILL
+    assert [e["class"] for e in events if e["event"] == "fault"] == ["host_oom_killed"]
+    assert int(killed["tree"]) == 4  # the launcher's two ranks and their workers were there
+    assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and "rank_code" in
+                " ".join(p.info["cmdline"])]
