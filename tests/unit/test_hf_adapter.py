@@ -81,6 +81,14 @@ def test_neither_kohya_nor_diffusers_commands_are_taken_and_hf_commands_are_not_
     assert choose(clm.split()).name == "hf"
 
 
+def test_a_projects_trainer_hf_names_it_for_a_script_its_flags_do_not_betray(tmp_path: Path) -> None:
+    argv = "python finetune.py --output_dir o --num_train_epochs 3".split()
+    assert choose(argv).name == "command"
+    assert choose(argv, "hf").name == "hf"
+    run = choose(argv, "hf").open(Setup(tuple(argv), tmp_path))
+    assert run.output_dir == tmp_path / "o" and run.total_steps is None
+
+
 # --- complete checkpoints ------------------------------------------------------------------------
 def test_a_checkpoint_is_complete_only_with_every_file_the_trainer_writes(tmp_path: Path) -> None:
     good = checkpoint(tmp_path, 10, 20)
