@@ -568,7 +568,7 @@ class DiffusersBed(Bed):
     within two intervals is the run's start. About 10 s a run."""
 
     name = "diffusers"
-    remedy_fault = "flag_needs_package"
+    remedy_fault = "flag_conflict"
     # Every case here restarts from step 0 (bit-exact); a seeded kill that lands after checkpoint-15 resumes
     # from there, mid-epoch: the residual measured by tests/real_diffusers.
     resume_tolerance = realdiffusers.RESIDUAL

@@ -241,7 +241,7 @@ def test_a_flag_whose_package_is_missing_is_dropped_and_the_run_trains(
     argv = diffusers_bed.command(out, "--enable_xformers_memory_efficient_attention")
     done = supervise(argv, out, tmp_path, env=diffusers_bed.env(), policy=POLICY, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert [f["class"] for f in done.of("fault")] == ["flag_needs_package"]
+    assert [f["class"] for f in done.of("fault")] == ["flag_conflict"]
     assert "xformers is not available" in done.of("fault")[0]["evidence"]
     first, second = (a["argv"] for a in done.of("attempt_start"))
     assert "--enable_xformers_memory_efficient_attention" in first
