@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -30,16 +31,21 @@ LAUNCHER = """
 import os, subprocess, sys, time
 rank_code = '''
 import os, subprocess, sys, time
-subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # a data-loader worker
+subprocess.Popen([os.environ["RANK_PYTHON"], "-c", "import time; time.sleep(600)"])  # a data-loader worker
 for step in range(1, 100000):
     print(f"rank {os.environ['RANK']} step {step}", flush=True)
     time.sleep(0.2)
 '''
 for rank in (0, 1):
     env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2")
-    subprocess.Popen([sys.executable, "-c", rank_code], env=env)
+    subprocess.Popen([os.environ["RANK_PYTHON"], "-c", rank_code], env=env)
 time.sleep(600)
 """
+
+
+# The ranks run under Python's own name (a process started through the link would be named torchrun,
+# and its sys.executable would be the link).
+RANK_ENV = {"RANK_PYTHON": sys.executable}
 
 
 def _torchrun(tmp: Path) -> Path:
@@ -60,7 +66,7 @@ def _ranks(root: int, launcher: bool, want: int) -> list[tuple[int | None, int]]
 
 def test_ranks_are_found_by_their_environment_and_a_worker_is_not_one(tmp_path: Path) -> None:
     launcher = psutil.Popen([str(_torchrun(tmp_path)), "-c", LAUNCHER], start_new_session=True,
-                            stdout=open(os.devnull, "w"))
+                            stdout=subprocess.DEVNULL, env={**os.environ, **RANK_ENV})
     try:
         assert is_launcher([str(tmp_path / "torchrun"), "--nproc_per_node", "2", "train.py"])
         assert is_launcher(["python", "-m", "torch.distributed.run", "train.py"])
@@ -89,7 +95,8 @@ def test_ranks_are_found_by_their_environment_and_a_worker_is_not_one(tmp_path: 
 
 def test_a_rank_killed_under_a_launcher_that_waits_on_stops_the_whole_tree_within_seconds(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    spec = RunSpec((str(_torchrun(tmp_path)), "-c", LAUNCHER), tmp_path, run_dir, {}, False, None)
+    spec = RunSpec((str(_torchrun(tmp_path)), "-c", LAUNCHER), tmp_path, run_dir, {**os.environ, **RANK_ENV}, False,
+                   None)
     sup = Supervisor(spec, parse_policy("restart:\n  max: 0\nstop:\n  grace_s: 5\n", "policy.yaml"))
     killed: dict[str, float | int] = {}
 
@@ -130,3 +137,63 @@ def test_a_rank_killed_under_a_launcher_that_waits_on_stops_the_whole_tree_withi
     assert int(killed["tree"]) == 4  # the launcher's two ranks and their workers were there
     assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and "rank_code" in
                 " ".join(p.info["cmdline"])]
+
+
+# Rank 0 waits in a collective (a function of a file named as torch's, so that its frame reads as one);
+# rank 1 is stopped by the test, as a SIGSTOPped (or swapped-out, or debugged) rank would be.
+COLLECTIVE = "import time\n\n\ndef all_reduce():\n    time.sleep(600)\n"
+HUNG_LAUNCHER = """
+import os, subprocess, sys, time
+rank_code = '''
+import os, sys, time
+sys.path.insert(0, os.environ["COLLECTIVES"])
+import distributed_c10d
+for step in range(1, 4):
+    print(f"rank {os.environ['RANK']} step {step}", flush=True)
+    time.sleep(0.2)
+if os.environ["RANK"] == "0":
+    distributed_c10d.all_reduce()
+while True:
+    time.sleep(0.1)
+'''
+for rank in (0, 1):
+    env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2")
+    subprocess.Popen([os.environ["RANK_PYTHON"], "-c", rank_code], env=env)
+time.sleep(600)
+"""
+
+
+def test_a_hang_across_ranks_names_the_stopped_rank_as_the_straggler(tmp_path: Path) -> None:
+    (tmp_path / "c10d").mkdir()
+    (tmp_path / "c10d" / "distributed_c10d.py").write_text(COLLECTIVE)
+    run_dir = tmp_path / "run"
+    spec = RunSpec((str(_torchrun(tmp_path)), "-c", HUNG_LAUNCHER), tmp_path, run_dir,
+                   {**os.environ, "COLLECTIVES": str(tmp_path / "c10d"), **RANK_ENV}, False, None)
+    sup = Supervisor(spec, parse_policy("restart:\n  max: 0\nstop:\n  grace_s: 2\nhang:\n  timeout_s: 4\n",
+                                        "policy.yaml"))
+    stopped: dict[str, int] = {}
+
+    def stop_rank_1() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            events = read_events(run_dir) if (run_dir / "events.jsonl").exists() else []
+            found = [e for e in events if e["event"] == "ranks"]
+            if found and len(found[-1]["ranks"]) == 2:
+                time.sleep(1.0)  # past its three steps
+                stopped["pid"] = next(r["pid"] for r in found[-1]["ranks"] if r["rank"] == 1)
+                os.kill(stopped["pid"], signal.SIGSTOP)
+                return
+            time.sleep(0.1)
+
+    stopper = threading.Thread(target=stop_rank_1, daemon=True)
+    stopper.start()
+    sup.run()
+    stopper.join()
+    assert "pid" in stopped
+    events = read_events(run_dir)
+    assert [e["class"] for e in events if e["event"] == "fault"] == ["hang"]
+    (stacks,) = [e for e in events if e["event"] == "hang_stacks"]
+    assert stacks["stragglers"] == [1]
+    report = Path(stacks["path"]).read_text()
+    assert "ranks: rank 0 in all_reduce, rank 1 stopped: rank 1 is the straggler" in report
+    assert not psutil.pid_exists(stopped["pid"]) or psutil.Process(stopped["pid"]).status() == psutil.STATUS_ZOMBIE

@@ -193,7 +193,9 @@ SECTIONS: Final = (
               "python: the trainer's interpreter", "spec: `safetensors>=0.4.2`", "exit_code"),
         _kind(HANG_STACKS, "a hang: the stacks taken before the tree is stopped",
               "attempt", "path: `hang-N.txt`", "processes", "py_spy: `true` when every process's stack was "
-                                                            "read"),
+                                                            "read",
+              "stragglers?: under a launcher, the ranks the others wait for (stopped, or outside the "
+              "collective the others are in)"),
         _kind(INFO, "something said once (no GPU readable; a kill that was not for memory)",
               "attempt?", "message"),
         _kind(WARNING, "an adapter's warning: on the trainer's start-up summary, or an input edit the trainer "

@@ -26,7 +26,7 @@ from ..record import journalkinds as kinds
 from ..record.journal import Journal
 from ..sensors import stacks
 from ..sensors.hang import HangClock, HangPolicy
-from ..sensors.ranks import RankEnd, RankWatch, is_launcher
+from ..sensors.ranks import Rank, RankEnd, RankWatch, is_launcher
 from ..trainers.base import OutputFormat, PreStep
 from . import process
 from .events import (
@@ -217,6 +217,10 @@ class Attempt:
             self.stopped_for_rank = True
             self._stop(signal.SIGTERM)
 
+    @property
+    def ranks(self) -> list[Rank]:
+        return self.rank_watch.ranks if self.rank_watch is not None else []
+
     def stop_hung(self, evidence: Evidence) -> None:
         self.hang_evidence, self.stopped_live = evidence, "hang"
         self._stop(signal.SIGTERM)
@@ -294,14 +298,17 @@ def run_attempt(launch: AttemptSpec, scanner: FaultScanner, events: EventQueue, 
 
 def take_hang_stacks(number: int, pid: int, idle_s: float, clock: HangClock, step: int | None,
                      gpu: str | None, run_dir: Path, journal: Journal, say: Callable[[str], None],
-                     attempt: int, obs: Observations) -> Evidence:
+                     attempt: int, obs: Observations, ranks: list[Rank] | None = None) -> Evidence:
     """The trainer made no progress for too long: every Python stack of its tree goes to
-    ``RUN_DIR/hang-N.txt`` (journal ``hang_stacks``) before it is stopped; returns the hang's evidence."""
+    ``RUN_DIR/hang-N.txt`` (journal ``hang_stacks``, with the straggler ranks when there are ranks)
+    before it is stopped; returns the hang's evidence."""
     say(f"hang: no progress for {idle_s:.0f} s; taking the stacks of the trainer's processes")
     path = run_dir / f"hang-{number}.txt"
-    text, groups, taken, error = stacks.hang_report(pid, idle_s, clock, step, gpu, path)
+    text, groups, taken, error = stacks.hang_report(pid, idle_s, clock, step, gpu, path, ranks)
     if error:
         say(f"warning: cannot write {path}: {error}")
+    late = groups.get("straggler")
     journal.event(kinds.HANG_STACKS, path=str(path), processes=len(taken),
-                  py_spy=all(s.innermost is not None for s in taken), attempt=attempt)
+                  py_spy=all(s.innermost is not None for s in taken), attempt=attempt,
+                  **({"stragglers": [int(r) if r.isdigit() else None for r in late.split(",")]} if late else {}))
     return Evidence("hang", text, obs.lines, "root", groups=groups)

@@ -176,7 +176,8 @@ class Supervisor:
                     self._dispatch(event, attempt)
                 idle = attempt.poll()
                 if idle is not None and attempt.hang_clock is not None:  # the stacks first, then the stop
-                    attempt.stop_hung(self.reactions.hang(attempt.pid, idle, attempt.hang_clock, attempt.obs))
+                    attempt.stop_hung(self.reactions.hang(attempt.pid, idle, attempt.hang_clock, attempt.obs,
+                                                          attempt.ranks))
         finally:
             attempt.close()
         return attempt.result(ctx.points.final_written)

@@ -22,7 +22,7 @@ from ..record import journalkinds as kinds
 from ..record.textfmt import shown_path
 from ..sensors.hang import HangClock
 from ..sensors.oomkills import NOT_FOR_MEMORY, killed_for_memory, oom_kills
-from ..sensors.ranks import RankEnd
+from ..sensors.ranks import Rank, RankEnd
 from .attempt import AttemptResult, take_hang_stacks
 from .context import RunContext, say
 from .deadline import Deadline
@@ -99,12 +99,13 @@ class Reactions:
         self.ctx.journal.event(kinds.FAULT_LIVE, **{"class": evidence.fault}, evidence=evidence.line,
                                line=evidence.lineno, attempt=self.attempt_no)
 
-    def hang(self, pid: int, idle_s: float, clock: HangClock, obs: Observations) -> Evidence:
+    def hang(self, pid: int, idle_s: float, clock: HangClock, obs: Observations,
+             ranks: list[Rank] | None = None) -> Evidence:
         self.hangs += 1
         step = None if clock.step is None else self.absolute(clock.step)
         gpu = self.ctx.gpu.utilization() if self.ctx.gpu is not None else None
         return take_hang_stacks(self.hangs, pid, idle_s, clock, step, gpu, self.ctx.run_dir,
-                                self.ctx.journal, say, self.attempt_no, obs)
+                                self.ctx.journal, say, self.attempt_no, obs, ranks)
 
     def summary(self, obs: Observations) -> None:
         """The trainer's start-up summary: the adapter fixes this attempt's step offset, and may warn."""

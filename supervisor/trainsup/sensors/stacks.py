@@ -7,6 +7,10 @@ with ``AmbientCapabilities=``, see the unit). A refusal is written into the repo
 Every Python process of the tree is dumped (accelerate's launcher, the trainer, its
 DataLoader workers) into one text file; the innermost frame of each process's main thread is what a
 hang's evidence names. Without py-spy the file says so, and supervision goes on.
+
+With ranks (``sensors.ranks``) the report says where each rank is: stopped (a SIGSTOP, a debugger), in a
+``torch.distributed`` collective (its innermost frame in ``distributed_c10d.py``), or elsewhere; and
+names the straggler: the stopped ranks, else the ones outside a collective the others wait in.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 import psutil
 
 from .hang import HangClock, hang_evidence, hang_groups
+from .ranks import Rank
 
 # `Thread 0x7F3A (idle): "MainThread"`, or without the name (`Thread 13604 (active+gil)`).
 _THREAD = re.compile(r'^Thread (?:0x[0-9A-Fa-f]+|\d+) \([^)]*\)(?:: "(?P<name>[^"]*)")?')
@@ -71,6 +76,72 @@ def innermost_main_frame(dump: str) -> str | None:
                 where = f.group("where").replace("\\", "/").rsplit("/", 1)[-1]
                 return f"{f.group('func')} ({where})"
     return None
+
+
+def collective_of(dump: str) -> str | None:
+    """The ``torch.distributed`` call the main thread waits in (its innermost frame in
+    ``distributed_c10d.py``), else None."""
+    in_main, threads = False, 0
+    for line in dump.splitlines():
+        m = _THREAD.match(line)
+        if m is not None:
+            threads += 1
+            in_main = m.group("name") == "MainThread" or (m.group("name") is None and threads == 1)
+            continue
+        f = _FRAME.match(line) if in_main else None
+        if f is not None and f.group("where").replace("\\", "/").rsplit("/", 1)[-1].startswith("distributed_c10d.py:"):
+            return f.group("func")
+    return None
+
+
+@dataclass(frozen=True)
+class RankSpot:
+    rank: int | None
+    pid: int
+    stopped: bool  # its state was T or t (SIGSTOP, a debugger) before the stacks were taken
+    collective: str | None
+    innermost: str | None
+
+    def says(self) -> str:
+        where = "stopped" if self.stopped else f"in {self.collective}" if self.collective else \
+            f"elsewhere ({self.innermost or 'no stack'})"
+        return f"rank {self.rank} {where}"
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False
+
+
+def rank_spots(ranks: list[Rank], stopped: set[int], taken: list[ProcessStack]) -> list[RankSpot]:
+    by_pid = {t.pid: t for t in taken}
+    out = []
+    for r in ranks:
+        found = by_pid.get(r.pid)
+        out.append(RankSpot(r.rank, r.pid, r.pid in stopped, collective_of(found.text) if found else None,
+                            found.innermost if found else None))
+    return out
+
+
+def stragglers(spots: list[RankSpot]) -> list[RankSpot]:
+    """The ranks the others wait for: the stopped ones; else, where some wait in a collective, the rest."""
+    held = [s for s in spots if s.stopped]
+    if held:
+        return held
+    waiting = [s for s in spots if s.collective]
+    return [s for s in spots if not s.collective] if waiting and len(waiting) < len(spots) else []
+
+
+def ranks_sentence(spots: list[RankSpot]) -> str:
+    """``ranks: rank 0 in all_reduce, rank 1 stopped: rank 1 is the straggler`` (empty without ranks)."""
+    if len(spots) < 2:
+        return ""
+    late = stragglers(spots)
+    tail = f": {', '.join(f'rank {s.rank}' for s in late)} {'is' if len(late) == 1 else 'are'} the straggler" \
+        f"{'' if len(late) == 1 else 's'}" if late else ": no rank stands out"
+    return "ranks: " + ", ".join(s.says() for s in spots) + tail
 
 
 def find_py_spy() -> str | None:
@@ -125,17 +196,25 @@ def write_report(stacks: list[ProcessStack], path: Path, header: str) -> None:
 
 
 def hang_report(root_pid: int, idle_s: float, clock: HangClock, step: int | None, gpu: str | None,
-                path: Path) -> tuple[str, dict[str, str], list[ProcessStack], str | None]:
+                path: Path, ranks: list[Rank] | None = None) -> tuple[str, dict[str, str], list[ProcessStack],
+                                                                     str | None]:
     """Take the tree's stacks at a hang and write them to ``path`` under the hang's evidence line.
 
-    Returns the evidence, its named groups (``hang_groups``: the spot), the stacks, and why the report
-    could not be written (``None``: written).
+    Returns the evidence, its named groups (``hang_groups``: the spot; ``straggler``: the ranks the others
+    wait for), the stacks, and why the report could not be written (``None``: written).
     """
+    stopped = {r.pid for r in ranks or [] if _stopped(r.pid)}  # before py-spy pauses them itself
     taken = capture(root_pid)
     frames = [f"pid {s.pid} {s.innermost}" for s in taken if s.innermost]
     waits = any("dataloader.py" in s.text for s in taken)
     text = hang_evidence(idle_s, clock, step, frames, waits, gpu)
     groups = hang_groups(step, frames)
+    spots = rank_spots(ranks or [], stopped, taken)
+    if said := ranks_sentence(spots):
+        text += f"; {said}"
+        late = stragglers(spots)
+        if late:
+            groups["straggler"] = ",".join(str(s.rank) for s in late)
     try:
         write_report(taken, path, text)
     except OSError as exc:
