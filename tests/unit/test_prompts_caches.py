@@ -97,3 +97,36 @@ def test_changed_resolution_makes_latents_stale_but_not_te_caches(tmp_path: Path
     stale_caches([subset], manifest, {"resolution": "16"}, time.time())
     stale = stale_caches([subset], manifest, {"resolution": "32"}, time.time())
     assert sorted(p.name for p, _ in stale) == [f"img{i}_0016x0016_flux.npz" for i in range(3)]
+
+
+def test_an_edited_image_makes_only_its_latents_stale(tmp_path: Path) -> None:
+    # sd-scripts checks a latent cache by its keys and shape only: an image edited in place (same size)
+    # would train on the old picture's latents after a resume.
+    subset = make_subset(tmp_path / "data")
+    manifest = CacheManifest(tmp_path / "caches.json")
+    launch = time.time() - 5
+    stale_caches([subset], manifest, {"resolution": "16"}, launch)
+    manifest.save()
+    image = subset.image_dir / "img1.png"
+    image.write_bytes(b"another picture")
+    os.utime(image, (launch + 2, launch + 2))
+    again = CacheManifest.load(tmp_path / "caches.json")
+    stale = stale_caches([subset], again, {"resolution": "16"}, time.time())
+    assert [p.name for p, _ in stale] == ["img1_0016x0016_flux.npz"]
+    assert stale_caches([subset], again, {"resolution": "16"}, time.time()) == []  # rebuilt once, then current
+
+
+def test_latents_built_during_the_last_attempt_are_judged_by_the_image_at_that_launch(tmp_path: Path) -> None:
+    subset = make_subset(tmp_path / "data")
+    cache = subset.image_dir / "img0_0016x0016_flux.npz"
+    cache.unlink()
+    manifest = CacheManifest(tmp_path / "caches.json")
+    launch = time.time() - 5
+    stale_caches([subset], manifest, {}, launch)  # launch 1: img0 has no latents yet
+    cache.write_bytes(b"latent")  # the trainer caches them during that attempt...
+    os.utime(cache, (launch + 1, launch + 1))
+    image = subset.image_dir / "img0.png"
+    image.write_bytes(b"edited after caching")  # ...then the image is replaced
+    os.utime(image, (launch + 2, launch + 2))
+    stale = stale_caches([subset], manifest, {}, time.time())
+    assert [p.name for p, _ in stale] == ["img0_0016x0016_flux.npz"]

@@ -1,9 +1,10 @@
 """Owns the trainer's cache files next to the images: which are stale, and setting them aside.
 
-kohya's cache validity checks look only for keys: an edited caption leaves a stale text-encoder
-cache (``{stem}_te_outputs.npz``, ``{stem}_flux_te.npz``, ``{stem}_sd3_te.npz``) and a changed
-resolution or bucketing leaves stale latents (``{stem}_{W}x{H}_{arch}.npz``, legacy ``{stem}.npz``).
-A manifest in the run dir remembers the caption hash behind each TE cache and the latent settings;
+kohya's cache validity checks look only for keys and shapes: an edited caption leaves a stale text-encoder
+cache (``{stem}_te_outputs.npz``, ``{stem}_flux_te.npz``, ``{stem}_sd3_te.npz``), and an edited image or a
+changed resolution or bucketing leaves stale latents (``{stem}_{W}x{H}_{arch}.npz``, legacy ``{stem}.npz``).
+A manifest in the run dir remembers the caption hash behind each TE cache, the image's size and mtime
+behind each latent cache (images are too big to hash at every launch) and the latent settings;
 at a launch, exactly the stale files move to ``RUN_DIR/invalidated/<timestamp>/`` under their path
 relative to the dataset root, so the trainer rebuilds them. Images, captions and every other file
 are never touched.
@@ -53,6 +54,8 @@ class CacheManifest:
     captions: dict[str, str] = field(default_factory=dict)  # caption file -> hash at the last launch
     latent_settings: dict[str, object] | None = None
     last_launch: float = 0.0
+    latents: dict[str, str] = field(default_factory=dict)  # latent cache file -> image stamp it was built from
+    images: dict[str, str] = field(default_factory=dict)  # image file -> stamp at the last launch
 
     @classmethod
     def load(cls, path: Path) -> CacheManifest:
@@ -61,11 +64,12 @@ class CacheManifest:
         except (OSError, ValueError):
             return cls(path)
         return cls(path, dict(data.get("te", {})), dict(data.get("captions", {})),
-                   data.get("latent_settings"), float(data.get("last_launch", 0.0)))
+                   data.get("latent_settings"), float(data.get("last_launch", 0.0)),
+                   dict(data.get("latents", {})), dict(data.get("images", {})))
 
     def save(self) -> None:
         data = {"te": self.te, "captions": self.captions, "latent_settings": self.latent_settings,
-                "last_launch": self.last_launch}
+                "last_launch": self.last_launch, "latents": self.latents, "images": self.images}
         try:
             atomic_write_text(self.path, json.dumps(data, indent=1, sort_keys=True) + "\n")
         except OSError:
@@ -77,6 +81,14 @@ def _digest(path: Path) -> str | None:
         return hashlib.sha256(path.read_bytes()).hexdigest()
     except OSError:
         return None
+
+
+def _stamp(path: Path) -> str | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return f"{st.st_size}:{st.st_mtime_ns}"
 
 
 def te_cache_files(subset: Subset) -> list[tuple[Path, Path]]:
@@ -94,18 +106,40 @@ def te_cache_files(subset: Subset) -> list[tuple[Path, Path]]:
     return pairs
 
 
-def latent_cache_files(subset: Subset) -> list[Path]:
+def latent_cache_files(subset: Subset) -> list[tuple[Path, Path]]:
+    """(latent cache file, its image) pairs present in a subset."""
     found = []
     try:
         entries = sorted(subset.image_dir.iterdir())
     except OSError:
         return []
-    images = {e.stem for e in entries if e.suffix.lower() in IMAGE_SUFFIXES}
+    images = {e.stem: e for e in entries if e.suffix.lower() in IMAGE_SUFFIXES}
     for entry in entries:
         m = _LATENT.match(entry.name)
-        if (m and m.group("stem") in images) or (entry.suffix == ".npz" and entry.stem in images):
-            found.append(entry)
+        stem = m.group("stem") if m else entry.stem if entry.suffix == ".npz" else None
+        if stem in images:
+            found.append((entry, images[stem]))
     return found
+
+
+def image_files(subset: Subset) -> list[Path]:
+    try:
+        return sorted(p for p in subset.image_dir.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    except OSError:
+        return []
+
+
+def _built_from(cache: Path, recorded: str | None, at_last_launch: str | None, current: str | None,
+                manifest: CacheManifest) -> str | None:
+    """What a cache was built from: as recorded; else, for a cache built during the last attempt, its source
+    as it was at that launch; else (older than trainsup's first look: nothing to compare with) the current."""
+    if recorded is not None:
+        return recorded
+    try:
+        fresh = cache.stat().st_mtime >= manifest.last_launch > 0
+    except OSError:
+        return None
+    return at_last_launch if fresh else current
 
 
 def caption_files(subset: Subset) -> list[Path]:
@@ -120,31 +154,36 @@ def stale_caches(subsets: list[Subset], manifest: CacheManifest, latent_settings
     """Decide which cache files are stale, and bring the manifest up to date for the rest."""
     stale: list[tuple[Path, Subset]] = []
     seen_te: set[str] = set()
+    seen_latents: set[str] = set()
+    settings_changed = manifest.latent_settings is not None and manifest.latent_settings != latent_settings
     for subset in subsets:
         for cache, caption in te_cache_files(subset):
             current = _digest(caption)
             key = str(cache)
-            built_from = manifest.te.get(key)
-            if built_from is None:
-                # Built during the last attempt: from the caption as it was at that launch. Older
-                # than trainsup's first look: nothing to compare with, so take it as current.
-                try:
-                    fresh = cache.stat().st_mtime >= manifest.last_launch > 0
-                except OSError:
-                    continue
-                built_from = manifest.captions.get(str(caption)) if fresh else current
+            built_from = _built_from(cache, manifest.te.get(key), manifest.captions.get(str(caption)), current,
+                                     manifest)
             if built_from is not None and current is not None and built_from != current:
                 stale.append((cache, subset))
                 manifest.te.pop(key, None)
             else:
                 manifest.te[key] = built_from or ""
                 seen_te.add(key)
-    if manifest.latent_settings is not None and manifest.latent_settings != latent_settings:
-        for subset in subsets:
-            stale.extend((f, subset) for f in latent_cache_files(subset))
+        for cache, image in latent_cache_files(subset):
+            current = _stamp(image)
+            key = str(cache)
+            built_from = _built_from(cache, manifest.latents.get(key), manifest.images.get(str(image)), current,
+                                     manifest)
+            if settings_changed or (built_from is not None and current is not None and built_from != current):
+                stale.append((cache, subset))
+                manifest.latents.pop(key, None)
+            else:
+                manifest.latents[key] = built_from or ""
+                seen_latents.add(key)
     manifest.te = {k: v for k, v in manifest.te.items() if k in seen_te}
+    manifest.latents = {k: v for k, v in manifest.latents.items() if k in seen_latents}
     manifest.latent_settings = latent_settings
     manifest.captions = {str(c): d for s in subsets for c in caption_files(s) if (d := _digest(c))}
+    manifest.images = {str(i): d for s in subsets for i in image_files(s) if (d := _stamp(i))}
     manifest.last_launch = now
     return stale
 
