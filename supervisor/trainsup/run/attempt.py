@@ -184,6 +184,9 @@ class Attempt:
             self.exited_at = self.clock()
         if self.exited_at is None and not self.killed and self.rank_watch is not None:
             self._watch_ranks()
+        if self.exited_at is not None and not self.done and not self.killed and self.child.popen.returncode != 0 \
+                and self.rank_watch is not None and self.rank_watch.known:
+            self._stop(signal.SIGTERM)  # the launcher died and left its ranks training: orphans, stopped now
         if self.exited_at is not None and not self.done and self.clock() - self.exited_at > self.launch.pump_wait_s:
             self._stop(signal.SIGTERM)  # something still holds the pipes (an orphaned worker): end the group
         if self.hang_clock is None or self.exited_at is not None or self.killed:

@@ -24,8 +24,10 @@ from pathlib import Path
 
 import psutil
 
-# Launchers by program name, or by the module ``python -m`` runs.
-LAUNCHER_PROGRAMS = frozenset({"torchrun", "accelerate", "deepspeed", "lightning"})
+# Launchers by program name, or by the module ``python -m`` runs. TRL's and axolotl's command lines start
+# their training through accelerate's launcher, in a child process. Only true launchers: under one, the
+# direct Python children are the trainers (a trainer's own children are its data-loader workers).
+LAUNCHER_PROGRAMS = frozenset({"torchrun", "accelerate", "deepspeed", "lightning", "trl", "axolotl"})
 LAUNCHER_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch",
                               "accelerate.commands.accelerate_cli", "deepspeed.launcher.runner"})
 RANK_VARS = ("RANK", "LOCAL_RANK")
