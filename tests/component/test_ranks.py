@@ -197,3 +197,23 @@ def test_a_hang_across_ranks_names_the_stopped_rank_as_the_straggler(tmp_path: P
     report = Path(stacks["path"]).read_text()
     assert "ranks: rank 0 in all_reduce, rank 1 stopped: rank 1 is the straggler" in report
     assert not psutil.pid_exists(stopped["pid"]) or psutil.Process(stopped["pid"]).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_launch_of_ranks_gets_the_nccl_flight_recorder_into_the_run_dir_unless_the_user_set_it(
+        tmp_path: Path) -> None:
+    """PyTorch's NCCL flight recorder on, its dumps into RUN_DIR/nccl/, stack traces off; the user's own
+    value wins; a command without a launcher is left as it was."""
+    show = ("import os; print(*(f'{k}={os.environ.get(k)}' for k in ('TORCH_NCCL_TRACE_BUFFER_SIZE', "
+            "'TORCH_NCCL_DUMP_ON_TIMEOUT', 'TORCH_INCLUDE_STACK_TRACE', 'TORCH_NCCL_DEBUG_INFO_TEMP_FILE')))")
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "TORCH_NCCL_TRACE_BUFFER_SIZE": "64"}
+    assert Supervisor(RunSpec((str(_torchrun(tmp_path)), "-c", show), tmp_path, run_dir, env, False, None),
+                      parse_policy("restart:\n  max: 0\n", "policy.yaml")).run() in (0, 3)
+    said = (run_dir / "attempt-1.log").read_text().split()
+    assert said == ["TORCH_NCCL_TRACE_BUFFER_SIZE=64", "TORCH_NCCL_DUMP_ON_TIMEOUT=1", "TORCH_INCLUDE_STACK_TRACE=0",
+                    f"TORCH_NCCL_DEBUG_INFO_TEMP_FILE={run_dir / 'nccl' / 'trace_'}"]
+    assert (run_dir / "nccl").is_dir()
+    plain = tmp_path / "plain"
+    assert Supervisor(RunSpec((sys.executable, "-c", show), tmp_path, plain, dict(os.environ), False, None),
+                      parse_policy("restart:\n  max: 0\n", "policy.yaml")).run() in (0, 3)
+    assert "TORCH_NCCL_DUMP_ON_TIMEOUT=None" in (plain / "attempt-1.log").read_text()

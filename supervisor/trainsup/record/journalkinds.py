@@ -173,6 +173,8 @@ SECTIONS: Final = (
               "gpu?: the attempt's peaks per device",
               "rank_ended?: the rank (`trainer` under a one-process launcher) whose end made trainsup stop "
               "the launcher's processes; the attempt ended as that rank did",
+              "nccl_dumps?: the NCCL flight recorder's dumps the attempt left in `RUN_DIR/nccl/` (a launch of "
+              "ranks; PyTorch writes them when its watchdog times out)",
               "planned_stop?: `run_complete`: trainsup stopped the trainer once the last step was saved; "
               "`relaunch`: to relaunch it from a complete state, for an edit or an sd-scripts segment; else "
               "`null`",

@@ -10,6 +10,7 @@ import errno
 from ..record import journalkinds as kinds
 from ..record.ledger import StateRecord
 from ..record.textfmt import shown_path
+from ..sensors.ranks import is_launcher
 from ..trainers.base import Plan
 from .attempt import AttemptSpec
 from .context import RunContext, say
@@ -17,7 +18,7 @@ from .decide import EXIT_STOPPED, Decision
 from .live import LiveControl
 from .policy import Policy
 from .reactions import Reactions
-from .spec import CHILD_ENV_DEFAULTS, SUPERVISOR_ONLY_ENV
+from .spec import CHILD_ENV_DEFAULTS, NCCL_DUMPS, SUPERVISOR_ONLY_ENV, flight_recorder_env
 
 
 def prepare_launch(ctx: RunContext, plan: Plan, policy: Policy, live: LiveControl, reactions: Reactions,
@@ -36,7 +37,13 @@ def prepare_launch(ctx: RunContext, plan: Plan, policy: Policy, live: LiveContro
     argv = list(launched.argv)
     resume_step = resume.step if resume else 0
     reactions.begin(attempt, resume_step)
-    env = {k: v for k, v in {**CHILD_ENV_DEFAULTS, **spec.env, **launched.env}.items()  # the user's win
+    recorder = flight_recorder_env(ctx.run_dir) if is_launcher(argv) else {}
+    if recorder:
+        try:
+            (ctx.run_dir / NCCL_DUMPS).mkdir(exist_ok=True)
+        except OSError:
+            pass  # no dumps then; the launch itself does not need the folder
+    env = {k: v for k, v in {**CHILD_ENV_DEFAULTS, **recorder, **spec.env, **launched.env}.items()  # the user's win
            if k not in SUPERVISOR_ONLY_ENV}
     ctx.journal.event(kinds.ATTEMPT_START, attempt=attempt, argv=argv, resume_from=resume.dir if resume else None,
                       resume_step=resume_step, env=dict(launched.env))

@@ -13,6 +13,7 @@ Steps the trainer prints are made absolute here (kohya counts from its resume po
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 
 from ..faults.classes import fault_class
@@ -30,6 +31,7 @@ from .decide import Outcome
 from .events import EventQueue, RunComplete, StopForChange
 from .observe import Observations
 from .sentences import fault_sentence, progress_sentence
+from .spec import NCCL_DUMPS
 from .takeover import forget_trainer, record_trainer
 
 STATUS_INTERVAL_S = 0.25
@@ -48,6 +50,7 @@ class Reactions:
         self.nan_abs_step: int | None = None  # the last attempt's NaN: no state saved at or after it resumes
         self.stop_at_checkpoint = False  # an edit waits for the next complete state
         self.hangs = len(list(ctx.run_dir.glob("hang-*.txt")))  # numbers the hang-N.txt stack reports
+        self.begun_at = time.time()  # the attempt's launch (wall clock: the dumps' times are)
         self._status_written = float("-inf")
         self._states_looked = float("-inf")
         self._progress_said = float("-inf")  # --quiet: when the last progress line was said
@@ -55,6 +58,15 @@ class Reactions:
     def begin(self, attempt: int, resume_step: int) -> None:
         self.attempt_no, self.resume_step = attempt, resume_step
         self.oom_kills_at_launch = oom_kills()
+        self.begun_at = time.time()
+
+    def nccl_dumps(self) -> list[str]:
+        """The NCCL flight recorder's dumps this attempt left in the run dir (``spec.flight_recorder_env``)."""
+        try:
+            found = sorted((self.ctx.run_dir / NCCL_DUMPS).iterdir())
+        except OSError:
+            return []
+        return [str(p) for p in found if p.is_file() and p.stat().st_mtime >= self.begun_at - 1]
 
     def spawned(self, pid: int) -> None:
         self.child_pid = pid
@@ -161,7 +173,8 @@ class Reactions:
                           planned_stop="run_complete" if r.completed else "relaunch" if r.stopped_for_change
                           else None,  # trainsup stopped it on purpose: its signal is no fault
                           **({"rank_ended": r.rank_end.rank.rank if r.rank_end.rank.rank is not None else "trainer"}
-                             if r.rank_end is not None else {}))
+                             if r.rank_end is not None else {}),
+                          **({"nccl_dumps": dumps} if (dumps := self.nccl_dumps()) else {}))
         foreign_mib = self._journal_fault(r)
         same = (fault_class(r.fault).memory == "host"
                 and killed_for_memory(self.oom_kills_at_launch, oom_kills()) is False)
