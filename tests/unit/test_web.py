@@ -355,3 +355,17 @@ def test_a_planned_stop_reads_as_trainsup_s_not_as_a_signal() -> None:
     assert planned == "attempt 2 ended: stopped by trainsup once the last step was saved, at step 60"
     killed, _ = _words("attempt_end", {"attempt": 1, "signal": 9, "step": 12, "planned_stop": None})
     assert killed == "attempt 1 ended: signal 9, at step 12"
+
+
+def test_a_live_run_of_several_ranks_shows_them_on_its_page_row() -> None:
+    from trainsup.commands.runref import RunRef
+    from trainsup.commands.status import RunView
+    from trainsup.web.runs import KnownRun, Row
+
+    ranks = [{"rank": 1, "pid": 4324}, {"rank": 0, "pid": 4323}]
+    view = RunView("tiny", "running", "/out/.trainsup", attempt=1, step=60, total=200, ranks=ranks)
+    run = KnownRun("r1", RunRef("tiny", Path("/out/.trainsup")))
+    assert Row(run, view, None, True).ranks_text == "ranks 0, 1 (pids 4323, 4324)"
+    assert Row(run, view, None, False).ranks_text is None  # ended: its processes are gone
+    one = RunView("tiny", "running", "/out/.trainsup", ranks=[{"rank": None, "pid": 12}])
+    assert Row(run, one, None, True).ranks_text is None  # a one-process launcher's trainer: nothing to say

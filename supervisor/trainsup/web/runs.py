@@ -142,6 +142,15 @@ class Row:
         return ", ".join(parts) or "–"
 
     @property
+    def ranks_text(self) -> str | None:
+        """``ranks 0, 1 (pids 4323, 4324)`` while the run trains under a launcher of several ranks."""
+        found = sorted((r["rank"], r.get("pid")) for r in self.view.ranks or [] if isinstance(r.get("rank"), int))
+        if not self.live or len(found) < 2:
+            return None
+        return (f"ranks {', '.join(str(r) for r, _ in found)} "
+                f"(pids {', '.join(str(pid) for _, pid in found)})")
+
+    @property
     def percent(self) -> float | None:
         v = self.view
         if v.step is None or not v.total:
