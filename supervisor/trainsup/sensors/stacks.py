@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,8 +61,8 @@ def python_tree(root_pid: int) -> list[psutil.Process]:
     return found
 
 
-def innermost_main_frame(dump: str) -> str | None:
-    """``func (file:line)`` of the first frame of the main thread in a py-spy dump."""
+def _main_frames(dump: str) -> Iterator[tuple[str, str]]:
+    """``(function, file:line)`` of each frame of the main thread in a py-spy dump, innermost first."""
     in_main, threads = False, 0
     for line in dump.splitlines():
         m = _THREAD.match(line)
@@ -70,28 +71,22 @@ def innermost_main_frame(dump: str) -> str | None:
             # py-spy lists the main thread first; it names it when it can
             in_main = m.group("name") == "MainThread" or (m.group("name") is None and threads == 1)
             continue
-        if in_main:
-            f = _FRAME.match(line)
-            if f is not None:
-                where = f.group("where").replace("\\", "/").rsplit("/", 1)[-1]
-                return f"{f.group('func')} ({where})"
+        f = _FRAME.match(line) if in_main else None
+        if f is not None:
+            yield f.group("func"), f.group("where").replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def innermost_main_frame(dump: str) -> str | None:
+    """``func (file:line)`` of the first frame of the main thread in a py-spy dump."""
+    for func, where in _main_frames(dump):
+        return f"{func} ({where})"
     return None
 
 
 def collective_of(dump: str) -> str | None:
     """The ``torch.distributed`` call the main thread waits in (its innermost frame in
     ``distributed_c10d.py``), else None."""
-    in_main, threads = False, 0
-    for line in dump.splitlines():
-        m = _THREAD.match(line)
-        if m is not None:
-            threads += 1
-            in_main = m.group("name") == "MainThread" or (m.group("name") is None and threads == 1)
-            continue
-        f = _FRAME.match(line) if in_main else None
-        if f is not None and f.group("where").replace("\\", "/").rsplit("/", 1)[-1].startswith("distributed_c10d.py:"):
-            return f.group("func")
-    return None
+    return next((func for func, where in _main_frames(dump) if where.startswith("distributed_c10d.py:")), None)
 
 
 @dataclass(frozen=True)
