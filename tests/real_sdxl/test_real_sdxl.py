@@ -1,7 +1,7 @@
 """`trainsup run` over the real sd-scripts SDXL LoRA trainer (``sdxl_train_network.py`` on the CPU) with
 the caches the seed faults live beside: a sample-prompt edit mid-run with text-encoder outputs cached, an
-image edited mid-run with latents cached to disk and the trainer killed, and the trainer's own refusal of
-text-encoder caching with shuffled captions remedied.
+image edited mid-run with latents cached to disk and the trainer killed, and the trainer's own refusals of
+latent and text-encoder caching beside augmentations remedied one by one.
 
 What the real trainer does, read in its code and seen here: SDXL keeps both text encoders after caching the
 dataset's outputs and encodes the sample prompts again at every sampling, from the file as it is then, so an
@@ -157,22 +157,28 @@ def test_an_image_edited_mid_run_with_latents_cached_to_disk_is_cached_again_at_
     assert done.of("attempt_end")[1]["steps_trained"] == 6
 
 
-def test_text_encoder_caching_refused_with_shuffled_captions_is_dropped_and_the_run_trains(
+def test_caches_the_trainer_refuses_with_its_augmentations_are_dropped_one_by_one_and_the_run_trains(
         sdxl_bed: SdxlBed, tmp_path: Path) -> None:
-    """The dataset shuffles captions and the command caches text-encoder outputs: sdxl_train_network.py's own
-    assertion refuses the pair before it trains. trainsup reads it as flag_conflict, drops
-    --cache_text_encoder_outputs (never the user's shuffling) and the next attempt trains every step."""
-    dataset = sdxl_bed.user_data(tmp_path / "data", general="")
-    text = dataset.read_text().replace("shuffle_caption = false", "shuffle_caption = true")
+    """The dataset shuffles captions and crops at random, and the command caches text-encoder outputs and
+    latents: sdxl_train_network.py refuses each pair with its own assertion before the model loads, latents
+    first (~9 s an attempt). trainsup reads each as flag_conflict and drops the caching flag it names (never
+    the user's augmentation): --cache_latents, then --cache_text_encoder_outputs; the third attempt trains
+    every step."""
+    dataset = sdxl_bed.user_data(tmp_path / "data")
+    text = dataset.read_text().replace("shuffle_caption = false", "shuffle_caption = true\nrandom_crop = true")
     dataset.write_text(text)
     out = tmp_path / "out"
     steps = STEPS_PER_EPOCH
     done = supervise(sdxl_bed, sdxl_bed.command(out, dataset, "--cache_text_encoder_outputs", "--cache_latents",
                                                 steps=steps), out, tmp_path)
     finished_all_steps(done, out, steps)
-    assert [f["class"] for f in done.of("fault")] == ["flag_conflict"]
-    log1 = (done.run_dir / "attempt-1.log").read_text(encoding="utf-8", errors="replace")
-    assert "when caching Text Encoder output" in log1
+    assert [f["class"] for f in done.of("fault")] == ["flag_conflict", "flag_conflict"]
+    logs = [(done.run_dir / f"attempt-{n}.log").read_text(encoding="utf-8", errors="replace") for n in (1, 2)]
+    assert "when caching latents, either color_aug or random_crop cannot be used" in logs[0]
+    assert "when caching Text Encoder output" in logs[1]
+    assert [r["actions"] for r in done.of("remedy")] == [["remove --cache_latents"],
+                                                         ["remove --cache_text_encoder_outputs"]]
     argv = done.of("attempt_start")[-1]["argv"]
-    assert "--cache_text_encoder_outputs" not in argv and "--cache_latents" in argv
-    assert "shuffle_caption = true" in dataset.read_text()
+    assert "--cache_text_encoder_outputs" not in argv and "--cache_latents" not in argv
+    assert done.of("attempt_end")[-1]["steps_trained"] == steps
+    assert "shuffle_caption = true\nrandom_crop = true" in dataset.read_text()
