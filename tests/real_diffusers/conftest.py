@@ -4,18 +4,12 @@ cannot run fails instead: a silently skipped tier would be a defect."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
+from tests.conftest import ready_bed
 from tests.real_diffusers.bed import DiffusersBed, build_bed
 
 
 @pytest.fixture(scope="session")
 def diffusers_bed() -> DiffusersBed:
-    found = build_bed()
-    if isinstance(found, str):
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set and the real-diffusers tier cannot run: {found}")
-        pytest.skip(found)
-    return found
+    return ready_bed(build_bed(), "real-diffusers")

@@ -4,18 +4,12 @@ tier that cannot run fails instead: a silently skipped tier would be a defect.""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
+from tests.conftest import ready_bed
 from tests.real_hf.bed import HfBed, build_bed
 
 
 @pytest.fixture(scope="session")
 def hf_bed() -> HfBed:
-    found = build_bed()
-    if isinstance(found, str):
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set and the real Hugging Face Trainer tier cannot run: {found}")
-        pytest.skip(found)
-    return found
+    return ready_bed(build_bed(), "real Hugging Face Trainer")
