@@ -27,7 +27,7 @@ from .rules import REQUIRED_VERSION
 from .verdict import Said
 
 ActionKind = Literal["add_flag", "remove_flag", "set_env", "upgrade", "halve_batch", "lower_resolution",
-                     "lower_workers", "wait_foreign", "restart", "stop"]
+                     "lower_workers", "raise_timeout", "wait_foreign", "restart", "stop"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,8 @@ class Action:
             return "halve the batch size and double the gradient accumulation steps"
         if self.kind == "lower_workers":
             return f"lower the DataLoader workers (to {self.value})"
+        if self.kind == "raise_timeout":
+            return f"raise the trainer's collective timeout (times {self.value})"
         if self.kind == "lower_resolution":
             return f"lower the training resolution (times {self.value})"
         if self.kind == "wait_foreign":
@@ -100,6 +102,8 @@ def stop(reason: str) -> Rung:
 
 
 RESTART = Rung((Action("restart"),), repeat=True)
+TIMEOUT_FACTOR = 4
+RAISE_TIMEOUT = Action("raise_timeout", value=str(TIMEOUT_FACTOR))
 # An OOM while other programs held memory on the trainer's GPUs: wait for them once before the
 # ladder changes any flag (repeat: the ladder stays where it was).
 WAIT_FOREIGN = Rung((Action("wait_foreign"),), repeat=True)
@@ -127,7 +131,10 @@ DEFAULT: dict[str, tuple[Rung, ...]] = {
         Rung((Action("lower_workers", value="0"),)),
         stop("shared memory is exhausted even without DataLoader workers; enlarge /dev/shm"),
     ),
-    "nccl_timeout": (RESTART,),
+    # A collective that timed out while every rank lived (a rank that died ends the attempt as its own fault):
+    # one rank was elsewhere longer than the group's timeout, most often in work only it does (caching,
+    # sampling, validation, a save); an identical restart meets the same wall, a longer timeout does not.
+    "nccl_timeout": (Rung((RAISE_TIMEOUT,)), RESTART),
     "nccl_error": (RESTART,),
     "cuda_fatal": (RESTART,),
     "corrupt_checkpoint": (RESTART,),
@@ -207,3 +214,30 @@ def upgrade_spec(action: Action, evidence: Said) -> str:
     if a is not None and b is not None:
         return required if _version(b.group(1)) >= _version(a.group(1)) else action.name
     return action.name + "," + theirs
+
+
+_TIMEOUT_MS = (re.compile(r"Timeout\(ms\)=(\d+)"), re.compile(r"Timed out waiting (\d+)ms for (?:send|recv)"))
+
+
+def collective_timeout_s(evidence: Said) -> float | None:
+    """The timeout (seconds) a collective timeout's evidence says the process group had, else None.
+
+    The rule's ``ms`` group says it; a line without it (a journal's text, a user rule's match) is read again."""
+    ms = evidence.groups.get("ms")
+    if ms is None and evidence.line:
+        for pattern in _TIMEOUT_MS:
+            m = pattern.search(evidence.line)
+            if m is not None:
+                ms = m.group(1)
+                break
+    return int(ms) / 1000 if ms is not None else None
+
+
+def raised_timeout_s(current_s: float | None, default_s: float, evidence: Said, factor: float) -> float:
+    """A collective timeout raised ``factor`` times: from the command's setting, else what the evidence
+    says the group had, else the trainer's default (the larger of the two: the evidence is the truth)."""
+    said = collective_timeout_s(evidence)
+    base = current_s if current_s is not None else (said if said is not None else default_s)
+    if said is not None:
+        base = max(base, said)
+    return base * factor

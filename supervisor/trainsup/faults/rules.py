@@ -241,11 +241,19 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
     ),
     FaultRule(
         id="nccl_timeout",
+        # Any backend's collective timeout (the id keeps its first backend's name: ids are interface).
+        # ``ms``: the timeout the process group was given, which the remedy raises (see ``remedies``).
         patterns=(
+            r"Watchdog caught collective operation timeout: .{0,300}?Timeout\(ms\)=(?P<ms>\d+)",
             r"Watchdog caught collective operation timeout", r"ran for \d+ milliseconds before timing out",
             r"Heartbeat monitor timed out", r"DistStoreError: .{0,300}?[Tt]imed out",
+            # gloo, the CPU backend: a send or recv of a collective waited out the group's timeout
+            r"Timed out waiting (?P<ms>\d+)ms for (?:send|recv) operation",
+            r"gloo/.{0,300}?\] Timed out\b",
         ),
-        explanation="A collective operation between GPUs timed out: one rank stalled or died.",
+        explanation="A collective operation between ranks timed out (NCCL's watchdog, gloo): the other ranks "
+        "waited longer than the process group's timeout for one that was elsewhere: stalled, or busy in "
+        "work only it does (caching, sampling, validation, saving).",
     ),
     FaultRule(
         id="nccl_error",
@@ -253,8 +261,10 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
             r"NCCL [Ee]rror", r"DistBackendError", r"NCCL communicator was aborted",
             r"\bnccl(?:InternalError|UnhandledCudaError|SystemError|InvalidArgument|InvalidUsage|RemoteError)\b",
             r"NCCL watchdog thread terminated with exception",
+            # gloo: the peer's end of the connection went away (its process died)
+            r"gloo/.{0,300}?\] .{0,100}?Connection closed by peer",
         ),
-        explanation="Communication between GPUs (NCCL) failed.",
+        explanation="Communication between ranks (NCCL, gloo) failed.",
     ),
     FaultRule(
         id="missing_dependency",

@@ -5,6 +5,11 @@
   same effective batch (``per_device_train_batch_size`` x accumulation); then gradient checkpointing
   (``--gradient_checkpointing true``; TRL has it on by default, so there the rung means nothing).
 - ``bf16_unsupported`` (bf16 asked for where there is no GPU: TRL's default on a CPU): ``--bf16 false``.
+- ``nccl_timeout`` (a collective timed out, NCCL's or gloo's, while every rank lived: one rank was busy
+  elsewhere, in a save or an evaluation only it does, longer than the process group's timeout): ``--ddp_timeout``
+  (seconds; the Trainer's default 1800) raised four times, from the command's value or what the evidence says
+  the group had; then a plain restart. transformers gives the process group that timeout except under
+  ``--use_cpu`` (5.x drops it there).
 - ``config_error`` stops: a restart cannot fix the command.
 
 A YAML front-end gets the same edits in its derived YAML (axolotl names the batch ``micro_batch_size``).
@@ -14,7 +19,7 @@ Actions of other trainers' ladders mean nothing here: ``apply`` answers None and
 from __future__ import annotations
 
 from ...faults import remedies
-from ...faults.remedies import Action, Rung, stop
+from ...faults.remedies import RESTART, TIMEOUT_FACTOR, Action, Rung, collective_timeout_s, raised_timeout_s, stop
 from ...faults.verdict import NOTHING_SAID, Said
 from ...trainers.base import apply_env, restart_with_same_settings
 from .plan import HfPlan, is_off, is_true
@@ -22,11 +27,17 @@ from .rules import BF16_UNSUPPORTED
 
 BATCH, ACCUM, CHECKPOINTING = "per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing"
 DEFAULT_BATCH = 8  # TrainingArguments' default per-device batch
+DDP_TIMEOUT, DEFAULT_DDP_TIMEOUT_S = "ddp_timeout", 1800  # seconds, TrainingArguments' default
 
 LADDERS: dict[str, tuple[Rung, ...]] = {
     BF16_UNSUPPORTED: (
         Rung((Action("add_flag", "bf16", "false", says="add --bf16 false (no GPU here: the Trainer refuses bf16)"),)),
         stop("the Trainer still refuses bf16 with --bf16 false; check --bf16_full_eval and the config's bf16"),
+    ),
+    "nccl_timeout": (
+        Rung((Action("raise_timeout", value=str(TIMEOUT_FACTOR),
+                     says=f"raise --ddp_timeout (seconds, times {TIMEOUT_FACTOR})"),)),
+        RESTART,
     ),
     "cuda_oom": (
         Rung((Action("set_env", "PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),)),
@@ -80,7 +91,23 @@ def gradient_checkpointing_on(plan: HfPlan) -> bool:
     return is_true(value)
 
 
+def raise_ddp_timeout(plan: HfPlan, factor: float, evidence: Said) -> str | None:
+    """``--ddp_timeout`` (seconds) raised ``factor`` times (see ``remedies.raised_timeout_s``)."""
+    try:
+        current = plan.get_int(DDP_TIMEOUT)
+    except ValueError:
+        return None
+    raised = int(raised_timeout_s(current, DEFAULT_DDP_TIMEOUT_S, evidence, factor))
+    plan.set(DDP_TIMEOUT, raised)
+    said = collective_timeout_s(evidence)
+    was = (f"was {current}" if current is not None else f"the process group had {said:g} s" if said is not None
+           else f"the Trainer's default is {DEFAULT_DDP_TIMEOUT_S}")
+    return f"--{plan.key(DDP_TIMEOUT)} {raised} ({was}): a rank was busy longer than the collective timeout"
+
+
 def apply_action(plan: HfPlan, action: Action, evidence: Said = NOTHING_SAID) -> str | None:
+    if action.kind == "raise_timeout":
+        return raise_ddp_timeout(plan, float(action.value or TIMEOUT_FACTOR), evidence)
     if action.kind == "set_env":
         return apply_env(plan, action)
     if action.kind == "halve_batch":

@@ -201,7 +201,7 @@ class KohyaRun(TrainerRun):
 
     def apply(self, plan: Plan, action: Action, evidence: Said = NOTHING_SAID) -> str | None:
         assert isinstance(plan, LaunchPlan)
-        return apply_action(plan, action)
+        return apply_action(plan, action, evidence)
 
     def rules(self) -> tuple[FaultRule, ...]:
         return RUN_RULES

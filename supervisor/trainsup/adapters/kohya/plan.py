@@ -8,12 +8,13 @@ the run directory (the user's file is never touched) and pointing the trainer at
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...faults import remedies
-from ...faults.remedies import Action
-from ...faults.verdict import Said
+from ...faults.remedies import TIMEOUT_FACTOR, Action
+from ...faults.verdict import NOTHING_SAID, Said
 from ...record.fsutil import atomic_write_text
 from ...trainers.base import Plan, apply_env, restart_with_same_settings
 from ...trainers.cmdline import TrainerCommand
@@ -95,9 +96,11 @@ def _header(source: Path) -> str:
     return f"# derived by trainsup from {source}\n"
 
 
-def apply_action(plan: LaunchPlan, action: Action) -> str | None:
+def apply_action(plan: LaunchPlan, action: Action, evidence: Said = NOTHING_SAID) -> str | None:
     """Apply one action; return what changed in words, or None when it does not apply here."""
     cmd = plan.command
+    if action.kind == "raise_timeout":
+        return raise_ddp_timeout(plan, float(action.value or TIMEOUT_FACTOR), evidence)
     if action.kind == "add_flag":
         if not plan.info.has_flag(action.name) or plan.effective(action.name):
             return None
@@ -153,6 +156,26 @@ def apply_action(plan: LaunchPlan, action: Action) -> str | None:
         return f"--max_data_loader_n_workers {target}"
     # carried out by the engine, not by an edit of the command; or an action of another trainer's ladder
     return restart_with_same_settings(action)  # an action of another trainer's ladder: it means nothing to kohya
+
+
+DEFAULT_DDP_TIMEOUT_MIN = 30  # accelerate's and torch's default process group timeout, in --ddp_timeout's minutes
+
+
+def raise_ddp_timeout(plan: LaunchPlan, factor: float, evidence: Said) -> str | None:
+    """``--ddp_timeout`` (minutes) raised ``factor`` times, where the script has it (see
+    ``remedies.raised_timeout_s``). sd-scripts hands it to accelerate only with several CUDA devices."""
+    if not plan.info.has_flag("ddp_timeout"):
+        return None
+    current = plan.command.get_int("ddp_timeout")
+    if current is None:
+        configured = plan.config_value("ddp_timeout")
+        current = configured if isinstance(configured, int) and not isinstance(configured, bool) else None
+    raised_s = remedies.raised_timeout_s(current * 60 if current else None, DEFAULT_DDP_TIMEOUT_MIN * 60, evidence,
+                                         factor)
+    minutes = max(1, math.ceil(raised_s / 60))
+    plan.command.set("ddp_timeout", str(minutes))
+    was = f"was {current}" if current else f"default {DEFAULT_DDP_TIMEOUT_MIN}"
+    return f"--ddp_timeout {minutes} ({was}): a rank was busy longer than the collective timeout"
 
 
 def upgrade_spec(action: Action, evidence: Said) -> str:

@@ -7,7 +7,7 @@ The ladders follow the defaults in the project's fault table.
 from __future__ import annotations
 
 from ...faults import remedies
-from ...faults.remedies import RESTART, Action, Rung, stop
+from ...faults.remedies import RESTART, TIMEOUT_FACTOR, Action, Rung, stop
 
 
 def _flags(kind: str, *names: str) -> tuple[Action, ...]:
@@ -22,7 +22,13 @@ def lower_workers(to: str) -> Action:
     return Action("lower_workers", value=to, says=f"lower --max_data_loader_n_workers (to {to})")
 
 
+# A collective timed out while every rank lived: rank 0 alone was caching latents or text-encoder outputs,
+# sampling or saving for longer than the group's timeout (sd-scripts #971); --ddp_timeout is in minutes.
+RAISE_DDP_TIMEOUT = Action("raise_timeout", value=str(TIMEOUT_FACTOR),
+                           says=f"raise --ddp_timeout (minutes, times {TIMEOUT_FACTOR})")
+
 LADDERS: dict[str, tuple[Rung, ...]] = {
+    "nccl_timeout": (Rung((RAISE_DDP_TIMEOUT,)), RESTART),
     "meta_tensor": (
         Rung((Action("add_flag", "fp8_base"),)),
         stop("weights stayed on the meta device even with --fp8_base: the model or VAE/AE file's "

@@ -5,7 +5,7 @@ CUDA only; ``--split_attn``), the batch halved in a derived copy of the dataset 
 size lives only there), the resolution lowered last (a derived dataset TOML with the latents made again
 in the run dir by musubi's caching script: ``recache``), data-loader workers. It has no ``--lowram`` and
 no caching flags: a fault sd-scripts answers by dropping a cache is not answered here. Other faults take
-sd-scripts' ladders where their flags exist in musubi.
+sd-scripts' ladders where their flags exist in musubi (``--ddp_timeout`` in minutes, for a collective timeout).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ LOWER_RESOLUTION = Action("lower_resolution", value="0.75", says="lower the data
                           "derived copy (its latents cached again into the run dir)")
 
 LADDERS: dict[str, tuple[Rung, ...]] = {
-    **{k: v for k, v in KOHYA_LADDERS.items() if k in ("shm_exhausted", "nan_loss", "hang")},
+    **{k: v for k, v in KOHYA_LADDERS.items() if k in ("shm_exhausted", "nan_loss", "hang", "nccl_timeout")},
     "cuda_oom": (
         Rung((Action("set_env", "PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),)),
         Rung((Action("add_flag", "gradient_checkpointing"),)),
