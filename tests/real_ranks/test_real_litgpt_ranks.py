@@ -1,0 +1,123 @@
+"""`trainsup run` over two real ranks of LitGPT: ``litgpt finetune_lora --devices 2`` on the CPU, on the bed of
+``tests/real_litgpt`` (TRAINSUP_REALLITGPT=1; where CI is set, a tier that cannot run fails instead of
+skipping). Lightning Fabric has no launcher program: the ``litgpt`` process trainsup starts is rank 0, and
+it starts rank 1 as a child of its own (``LOCAL_RANK=1``); with ``--devices 2`` LitGPT's LoRA trains under
+its ModelParallelStrategy (data parallel over gloo here), the ranks waiting on each other every step.
+
+A rank killed -9 mid-run: the whole tree stopped within seconds (measured), the rank journaled, the run
+started again (LitGPT's LoRA cannot resume) and ended as an uninterrupted two-rank run to the bit. A rank
+stopped (SIGSTOP): a hang at the hang timeout whose report names it as the straggler, every rank's stacks in
+the run dir, started again, ended the same.
+
+What the bed could not run, and why (seen with litgpt 0.5.13, lightning 2.5 on this CPU):
+- ``finetune_full --devices 2``: ``ValueError: You selected the FSDP strategy but FSDP is only available on
+  GPU`` (LitGPT picks FSDP for more than one device), so the resumable method has no two-rank CPU run;
+- a validation mid-run (``--eval.interval`` within the run): rank 0 alone generates an example from the
+  sharded model while rank 1 waits in the barrier, and the run hangs there for good; the command here puts the
+  interval past the run (the final validation, on both ranks, runs).
+
+A two-rank run of 100 steps is ~12 s, ~7 s of it start-up. OMP_NUM_THREADS=1: two ranks on two cores."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.demo_harness import SupervisedRun, supervise, visible_names
+from tests.real_litgpt.bed import LitBed, build_bed
+from tests.real_ranks.test_real_hf_ranks import AtStep
+
+STEPS, SAVE_EVERY = 100, 25
+# LitGPT's step line; the kill after the state of step 50, the stop after that of step 25
+STEP_60 = "iter 60 step 60 |"
+STEP_30 = "iter 30 step 30 |"
+POLICY = "backoff:\n  initial_s: 0.5\n  max_s: 1\nstop:\n  grace_s: 10\n"
+
+
+@pytest.fixture(scope="module")
+def litgpt_bed() -> LitBed:
+    found = build_bed()
+    if isinstance(found, str):
+        if os.environ.get("CI"):
+            pytest.fail(f"CI is set and the real LitGPT ranks tier cannot run: {found}")
+        pytest.skip(found)
+    return found
+
+
+def command(bed: LitBed, out: Path) -> list[str]:
+    """The bed's LoRA command with two devices, 100 steps of 4 a rank (8 a step), a state every 25, the
+    validation only at the end."""
+    argv = bed.command("finetune_lora", out, "--devices", "2")
+    for flag, value in (("--train.global_batch_size", "8"), ("--train.max_steps", str(STEPS)),
+                        ("--train.save_interval", str(SAVE_EVERY)), ("--eval.interval", "1000")):
+        at = argv.index(flag)
+        argv[at + 1] = value
+    return argv
+
+
+def env(bed: LitBed) -> dict[str, str]:
+    return bed.env(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+
+
+@pytest.fixture(scope="module")
+def reference(litgpt_bed: LitBed, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("litgpt-ranks-reference") / "out"
+    done = subprocess.run(command(litgpt_bed, out), env=env(litgpt_bed), capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def assert_as_uninterrupted(bed: LitBed, out: Path, reference: Path) -> None:
+    assert visible_names(out) == visible_names(reference)
+    assert visible_names(reference) == ["final", "logs", *(f"step-{s:06d}" for s in range(25, STEPS + 1, 25))]
+    for rel in ("final/lit_model.pth.lora", "final/lit_model.pth", f"step-{STEPS:06d}/lit_model.pth.lora"):
+        assert bed.max_abs_diff(out / rel, reference / rel) == 0.0, rel
+
+
+def supervised(bed: LitBed, out: Path, tmp: Path, policy: str, hook: AtStep) -> SupervisedRun:
+    hook.start()
+    run = supervise(command(bed, out), out, tmp, env=env(bed), policy=policy, timeout=600, cwd=tmp)
+    hook.join(5)
+    return run
+
+
+def test_rank_1_killed_stops_the_whole_tree_within_seconds_and_the_run_ends_as_an_uninterrupted_one(
+        litgpt_bed: LitBed, reference: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    kill = AtStep(out, signal.SIGKILL, STEP_60)
+    run = supervised(litgpt_bed, out, tmp_path, POLICY, kill)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert kill.pid is not None and kill.stopped_after is not None
+    print(f"LitGPT rank 1 killed -> every other process of the attempt gone in {kill.stopped_after:.2f} s")
+    assert kill.stopped_after < 5, kill.stopped_after
+    assert run.of("run_start")[0]["trainer"] == "litgpt"
+    ranks = run.of("ranks")[0]["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    ended = [e for e in run.of("rank_ended") if e["attempt"] == 1]
+    assert ended and ended[0]["rank"] == 1 and ended[0]["pid"] == kill.pid, run.of("rank_ended")
+    assert len(run.of("attempt_start")) == 2
+    assert run.of("attempt_start")[1]["resume_step"] == 0  # LitGPT's LoRA starts again, out of sight
+    assert_as_uninterrupted(litgpt_bed, out, reference)
+
+
+def test_rank_1_stopped_is_a_hang_naming_it_the_straggler_then_the_run_ends_as_an_uninterrupted_one(
+        litgpt_bed: LitBed, reference: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    stop = AtStep(out, signal.SIGSTOP, STEP_30)
+    policy = "backoff:\n  initial_s: 0.5\n  max_s: 1\nstop:\n  grace_s: 3\nhang:\n  timeout_s: 8\n"
+    run = supervised(litgpt_bed, out, tmp_path, policy, stop)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert stop.pid is not None
+    assert [f["class"] for f in run.of("fault")] == ["hang"]
+    (stacks,) = run.of("hang_stacks")
+    assert stacks["stragglers"] == [1] and stacks["processes"] >= 2  # both ranks, at least
+    report = Path(stacks["path"]).read_text()
+    assert out / ".trainsup" in Path(stacks["path"]).parents  # in the run dir
+    assert "rank 1 stopped: rank 1 is the straggler" in report
+    assert report.count("=== pid ") >= 2 and f"=== pid {stop.pid}:" in report
+    assert_as_uninterrupted(litgpt_bed, out, reference)
