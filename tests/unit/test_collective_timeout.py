@@ -27,14 +27,14 @@ WATCHDOG = ("[rank1]:[E1126 10:02:11.120934511 ProcessGroupNCCL.cpp:632] [Rank 1
 
 @pytest.mark.parametrize("line, fault", [
     (GLOO, "nccl_timeout"),
-    ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Timed out waiting 1800000ms for recv "
-     "operation to complete", "nccl_timeout"),
+    (("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Timed out waiting 1800000ms for recv "
+     "operation to complete"), "nccl_timeout"),
     ("RuntimeError: [/opt/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:445] Timed out", "nccl_timeout"),
     (WATCHDOG, "nccl_timeout"),
-    ("torch.distributed.DistBackendError: [2] is setting up NCCL communicator and retrieving ncclUniqueId from [0] "
-     "via c10d key-value store by key '0', but store->get('0') got error: wait timeout", "nccl_error"),
-    ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer "
-     "[10.0.0.3]:38011", "nccl_error"),
+    (("torch.distributed.DistBackendError: [2] is setting up NCCL communicator and retrieving ncclUniqueId from [0] "
+     "via c10d key-value store by key '0', but store->get('0') got error: wait timeout"), "nccl_error"),
+    (("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer "
+     "[10.0.0.3]:38011"), "nccl_error"),
 ])
 def test_each_backends_collective_wording_is_recognised(line: str, fault: str) -> None:
     found = classify_text([line])
@@ -89,3 +89,17 @@ def test_sd_scripts_and_musubi_get_ddp_timeout_in_minutes(tmp_path: Path) -> Non
     assert "--ddp_timeout" in musubi.command_line(plan)
     argv = musubi.command_line(plan)
     assert argv[argv.index("--ddp_timeout") + 1] == "40"  # the group's 10 minutes, times 4
+
+
+def test_a_collective_failure_gives_way_to_the_rank_that_failed_before_it() -> None:
+    first = ["[rank1]: Traceback (most recent call last):",
+             '[rank1]:   File "/w/train.py", line 80, in step',
+             "[rank1]:     batch = next(it)",
+             "[rank1]: KeyError: 'latents'"]
+    found = classify_text([*first, WATCHDOG])
+    assert found is not None and found.fault == "unknown" and "KeyError" in found.line
+    found = classify_text([*first[:-1], "[rank1]: torch.OutOfMemoryError: CUDA out of memory.", GLOO])
+    assert found is not None and found.fault == "cuda_oom"
+    # alone, or after a failure that was its own consequence, the timeout is the verdict
+    found = classify_text(["{'loss': 1.2, 'epoch': 0.5}", WATCHDOG])
+    assert found is not None and found.fault == "nccl_timeout"

@@ -84,7 +84,8 @@ class FaultRule:
     ``lookalikes`` are excludes for output that is harmless altogether (a caught import probe): such a
     line is not even an ``unknown`` failure, as a line another rule's ``excludes`` refute is.
     ``first_cause``: evidence that stands over a later crash it caused (out of memory); ``tail``:
-    evidence only for a log that ends at it (see ``verdict``).
+    evidence only for a log that ends at it (see ``verdict``); ``consequence``: the failure of a collective
+    between ranks, which an earlier failure (another rank's exception, named by a rule or not) explains.
     """
 
     id: str
@@ -103,6 +104,7 @@ class FaultRule:
     lookalikes: tuple[str, ...] = ()  # excludes that mark harmless output: no failure at all
     first_cause: bool = False  # the crashes it leads to (other ranks, cleanup) do not outrank it
     tail: bool = False  # evidence only while nothing follows it (a wait the log ends at)
+    consequence: bool = False  # an earlier failure (another rank's) stands over it (see ``verdict``)
 
     def __post_init__(self) -> None:
         # A bad table is a programming error; fail at construction, naming the rule.
@@ -251,6 +253,7 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
             r"Timed out waiting (?P<ms>\d+)ms for (?:send|recv) operation",
             r"gloo/.{0,300}?\] Timed out\b",
         ),
+        consequence=True,
         explanation="A collective operation between ranks timed out (NCCL's watchdog, gloo): the other ranks "
         "waited longer than the process group's timeout for one that was elsewhere: stalled, or busy in "
         "work only it does (caching, sampling, validation, saving).",
@@ -264,6 +267,7 @@ BUILTIN_RULES: tuple[FaultRule, ...] = (
             # gloo: the peer's end of the connection went away (its process died)
             r"gloo/.{0,300}?\] .{0,100}?Connection closed by peer",
         ),
+        consequence=True,
         explanation="Communication between ranks (NCCL, gloo) failed.",
     ),
     FaultRule(

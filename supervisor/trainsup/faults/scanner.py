@@ -309,7 +309,8 @@ class FaultScanner:
     def _evidence(self, rule: FaultRule, line: str, lineno: int, anchored: bool,
                   groups: dict[str, str]) -> Evidence:
         return Evidence(rule.id, line, lineno, rule.strength, anchored, explanation=rule.explanation,
-                        cause=rule.first_cause, kind="tail" if rule.tail else "", groups=groups)
+                        cause=rule.first_cause, kind="tail" if rule.tail else "", groups=groups,
+                        consequence=rule.consequence)
 
     def _ending(self, text: str, raw: str, lineno: int) -> Evidence | None:
         """``unknown`` evidence for an exception line or a signal death no rule names (see ``ending``)."""

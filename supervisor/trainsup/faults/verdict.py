@@ -15,6 +15,10 @@
    at, e.g. at a process-group barrier; the scanner withdraws it as soon as any line follows) before
    ``last``.
 
+Whichever that is, a collective's failure (``FaultRule.consequence``: a timeout, a lost peer) gives way to an
+exception line no rule names, or a traceback judged by its frames, seen before it: the rank that failed first
+(the others only waited for it, printing their timeouts minutes later, in any order in interleaved output).
+
 Each candidate remembers the progress seen when it was recorded; progress after it means it did
 not end the run and drops it (``live`` stays):
 - the trainer's own progress (its adapter's progress parser, whatever the trainer
@@ -84,6 +88,7 @@ class Evidence:
     kind: str = ""  # "ending": an exception line no rule names; "tail": a wait the log ends at
     since: int = field(default=0, compare=False)  # an ending's traceback began here (0: unknown)
     groups: Mapping[str, str] = field(default_factory=dict, compare=False)
+    consequence: bool = False  # a collective's failure: an earlier failure of another rank explains it
 
     @property
     def said(self) -> Said:
@@ -118,6 +123,16 @@ class Held:
 
     @property
     def verdict(self) -> Evidence | None:
+        found = self._verdict()
+        if found is None or not found.consequence:
+            return found
+        # A collective that failed (timed out, lost its peer) after a rank had already failed: that rank's
+        # failure is the first cause, the collective's only the others' wait for it, whatever its order.
+        earlier = [slot.ev for kind, slot in self._held.items()
+                   if kind in ("ending", "framed") and slot.ev.lineno < found.lineno and not slot.ev.consequence]
+        return min(earlier, key=lambda ev: ev.lineno) if earlier else found
+
+    def _verdict(self) -> Evidence | None:
         held = self._held
         if "live" in held:
             return held["live"].ev
