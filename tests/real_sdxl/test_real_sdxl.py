@@ -111,18 +111,19 @@ def test_a_sample_prompt_edit_with_text_encoder_outputs_cached_reaches_the_next_
     assert len(list((out / "sample").glob("*.png"))) == 3
 
 
-def test_an_image_edited_mid_run_with_latents_cached_to_disk_is_cached_again_at_the_resume(
+def test_an_image_and_a_caption_edited_mid_run_with_caches_on_disk_are_cached_again_at_the_resume(
         sdxl_bed: SdxlBed, tmp_path: Path) -> None:
-    """--cache_latents --cache_latents_to_disk: the trainer writes ``img01_0064x0064_sdxl.npz`` beside the
-    image and would take it as valid after any relaunch (it checks keys and shape only). The user replaces
-    img01.png after the state of step 2 and the trainer is killed -9: the next attempt must not train on
-    the old picture's latents, so trainsup sets exactly that cache aside in the run dir and the trainer makes
-    it again from the new image; the image itself and the other caches are untouched."""
+    """--cache_latents_to_disk --cache_text_encoder_outputs_to_disk: the trainer writes
+    ``imgNN_0064x0064_sdxl.npz`` and ``imgNN_te_outputs.npz`` beside each image and takes them as valid after
+    any relaunch (it checks keys and shapes only). The user replaces img01.png and rewrites img02's caption
+    after the state of step 2, and the trainer is killed -9: the next attempt must train on neither the old
+    picture's latents nor the old caption's encoding, so trainsup sets exactly those two caches aside in the
+    run dir and the trainer makes them again; the image, the caption and the other caches are untouched."""
     dataset = sdxl_bed.user_data(tmp_path / "data")
     images = tmp_path / "data" / "images"
     out = tmp_path / "out"
     argv = sdxl_bed.command(out, dataset, "--cache_latents", "--cache_latents_to_disk",
-                            "--cache_text_encoder_outputs")
+                            "--cache_text_encoder_outputs", "--cache_text_encoder_outputs_to_disk")
     marks: dict[str, Any] = {}
 
     def edit_and_kill(event: dict[str, Any], pid: int) -> None:
@@ -130,6 +131,7 @@ def test_an_image_edited_mid_run_with_latents_cached_to_disk_is_cached_again_at_
             marks["caches"] = {p.name: digest(p) for p in images.glob("*.npz")}
             (images / "img01.png").write_bytes((images / "img00.png").read_bytes())  # another picture, same size
             marks["image"] = digest(images / "img01.png")
+            (images / "img02.txt").write_text("a green pyramid\n")
             trainer = trainer_pid(pid)
             assert trainer is not None
             subprocess.run(["kill", "-9", str(trainer)], check=True)
@@ -138,22 +140,25 @@ def test_an_image_edited_mid_run_with_latents_cached_to_disk_is_cached_again_at_
     done = supervise(sdxl_bed, argv, out, tmp_path, edit_and_kill)
     finished_all_steps(done, out)
     assert "killed" in marks, "the trainer was never killed"
-    assert sorted(marks["caches"]) == [f"img{i:02d}_0064x0064_sdxl.npz" for i in range(4)]
+    assert sorted(marks["caches"]) == sorted([f"img{i:02d}_0064x0064_sdxl.npz" for i in range(4)]
+                                             + [f"img{i:02d}_te_outputs.npz" for i in range(4)])
     assert [f["class"] for f in done.of("fault")] == ["host_oom_killed"]
     # The state of step 2 is mid-epoch (4 steps an epoch) and sd-scripts resumes exactly only from an epoch's
     # end: trainsup takes the run's start, the only exact point yet.
     starts = done.of("attempt_start")
     assert len(starts) == 2 and starts[1]["resume_from"] is None
     assert [e["epoch_end"] for e in done.of("resume_exact")] == [0]
-    stale = images / "img01_0064x0064_sdxl.npz"
-    assert [e["files"] for e in done.of("cache_invalidated")] == [[str(stale)]]
-    [kept] = (done.run_dir / "invalidated").glob("*/images/img01_0064x0064_sdxl.npz")
-    assert digest(kept) == marks["caches"][stale.name]  # the old latents, set aside whole
-    assert stale.is_file() and digest(stale) != marks["caches"][stale.name]  # made again from the new image
+    stale = [images / "img01_0064x0064_sdxl.npz", images / "img02_te_outputs.npz"]
+    assert [sorted(e["files"]) for e in done.of("cache_invalidated")] == [[str(p) for p in stale]]
+    for cache in stale:
+        [kept] = (done.run_dir / "invalidated").glob(f"*/images/{cache.name}")
+        assert digest(kept) == marks["caches"][cache.name]  # the old cache, set aside whole
+        assert cache.is_file() and digest(cache) != marks["caches"][cache.name]  # made again
     for name, before in marks["caches"].items():
-        if name != stale.name:
+        if name not in {p.name for p in stale}:
             assert digest(images / name) == before, name
     assert digest(images / "img01.png") == marks["image"]
+    assert (images / "img02.txt").read_text() == "a green pyramid\n"
     assert done.of("attempt_end")[1]["steps_trained"] == 6
 
 
