@@ -42,7 +42,12 @@ def test_a_rank_0_save_longer_than_the_collective_timeout_is_fixed_by_a_longer_d
     assert "Timed out waiting 5000ms" in fault["evidence"]
     (remedy,) = run.of("remedy")
     assert any(a.startswith("--ddp_timeout 20 (was 5)") for a in remedy["actions"]), remedy
-    first, second = (s["argv"] for s in run.of("attempt_start"))
+    starts = run.of("attempt_start")
+    ends = run.of("attempt_end")
+    print(f"attempt 1 (--ddp_timeout {TIMEOUT_S}) launch -> its end on nccl_timeout: "
+          f"{ends[0]['ts'] - starts[0]['ts']:.1f} s; attempt 2 (--ddp_timeout 20) launch -> finished: "
+          f"{ends[-1]['ts'] - starts[-1]['ts']:.1f} s")
+    first, second = (s["argv"] for s in starts)
     assert first[first.index("--ddp_timeout") + 1] == "5" and second[second.index("--ddp_timeout") + 1] == "20"
     state = json.loads((out / f"checkpoint-{STEPS}" / "trainer_state.json").read_text())
     assert state["global_step"] == STEPS
