@@ -2,10 +2,11 @@
 
 A bed knows its real trainer on this machine: whether it is here (``prepare`` builds it, or says why
 not and the tests skip), the user's working command for each case (short runs: 20 steps, a state
-every 5), how to find the trainer process under trainsup, where attempt 1 keeps the state of step N
-and how a save cut half-way looks, whether the trainer can resume, one remedy case (a command that
-fails on a fault trainsup fixes, and how to see that the next attempt trained with the fix), and
-per-bed extra checks of the shared runs. A new adapter gets the whole suite by adding a bed here.
+every 5, or ``step_scale`` times those), how to find the trainer process under trainsup, where
+attempt 1 keeps the state of step N and how a save cut half-way looks, whether the trainer can resume,
+one remedy case (a command that fails on a fault trainsup fixes, and how to see that the next attempt
+trained with the fix), and per-bed extra checks of the shared runs. A new adapter gets the whole suite
+by adding a bed here.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import tomllib
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -33,6 +35,7 @@ from tests.e2e.demo_harness import clean_env
 from tests.real import bed as realkohya
 from tests.real.test_real_runs import BNB
 from tests.real_diffusers import bed as realdiffusers
+from tests.real_hf import bed as realhf
 from tests.real_musubi import bed as realmusubi
 
 Case = Literal["clean", "kill", "cut", "sigterm", "remedy"]
@@ -91,6 +94,10 @@ class Bed(ABC):
     def process_pattern(self, out: Path) -> re.Pattern[str]:
         """Matches the command line of every process of the trainer's tree for this out dir."""
 
+    def settle(self, out: Path) -> None:
+        """After the kill of ``trainer_process``: wait until what the trainer writes has stopped (a bed with
+        more ranks: until the others, which trainsup stops, are gone too)."""
+
     @abstractmethod
     def state_dir(self, out: Path, step: int) -> Path:
         """Where attempt 1 keeps its state of step N."""
@@ -112,6 +119,15 @@ class Bed(ABC):
     # How many states more the attempts after a kill may write than the uninterrupted run writes
     # after the resume step (0: a resumed trainer saves where it would have).
     resumed_extra_states = 0
+
+    # The suite's runs are 20 steps with a state every 5; a bed whose trainer steps too fast for a kill to land
+    # between two states (two real ranks: ~27 steps a second) runs ``step_scale`` times as many, and every
+    # step the suite names (the state of step 10, the last step) is that many times further on.
+    step_scale = 1
+
+    def at(self, step: int) -> int:
+        """The bed's step for the suite's ``step`` (of 20)."""
+        return step * self.step_scale
 
     # Why the seeded kills (two more runs) are left to the long command, for a bed whose runs are
     # costly; None: they run in every session. They run anyway with TRAINSUP_LONG=1.
@@ -657,6 +673,124 @@ class DiffusersBed(Bed):
         self.check_output_dir(run)
 
 
+def _live(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+# --- two real ranks: the Hugging Face Trainer under torchrun -----------------------------------------
+class HfRanksBed(Bed):
+    """TRL's unmodified ``sft.py`` (transformers' Trainer) under ``torchrun --nproc_per_node 2``: two DDP ranks
+    over gloo on the CPU (``--use_cpu true``), the command of ``tests/real_ranks``. ``checkpoint-N/``, resumed
+    by ``--resume_from_checkpoint`` (mid-epoch too: the Trainer skips the batches it trained), bit-exact. At
+    ~27 steps a second, 20 steps are gone before a kill lands: its runs are 200 steps, a state every 50
+    (``step_scale`` 10). The process a kill takes down is rank 1, never the launcher: trainsup must see the
+    rank's end and stop the others itself. About 20 s a run, most of it start-up."""
+
+    name = "hf-ranks"
+    remedy_fault = "bf16_unsupported"
+    step_scale = 10
+    long_cases = "the seeded kills: two more two-rank runs (~20 s each), with TRAINSUP_LONG=1"
+
+    def _prepare(self) -> str | None:
+        found = realhf.build_bed()
+        if isinstance(found, str):
+            return found
+        self.tree = found
+        return None
+
+    def command(self, out: Path, bf16_off: bool = True, lr: str | None = None) -> list[str]:
+        """``bf16_off`` False: the command as copied from a GPU box, with neither ``--bf16 false`` nor
+        ``--use_cpu true`` (with ``--use_cpu`` the Trainer takes bf16 on the CPU and nothing fails)."""
+        r = self.tree.root
+        sft = next((r / "venv" / "lib").glob("python3*/site-packages/trl/scripts/sft.py"))
+        return [str(r / "venv" / "bin" / "torchrun"), "--nproc_per_node", "2", str(sft),
+                "--model_name_or_path", str(r / "model" / "tiny-llama"), "--dataset_name", str(r / "data" / "chat"),
+                "--output_dir", str(out), "--max_steps", str(self.at(20)), "--save_steps", str(self.at(5)),
+                "--logging_steps", "1", "--per_device_train_batch_size", "8", "--ddp_backend", "gloo",
+                *(["--use_cpu", "true", "--bf16", "false"] if bf16_off else []),
+                *(["--learning_rate", lr] if lr else [])]
+
+    def env(self) -> dict[str, str]:
+        return self.tree.env(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+
+    def launch(self, case: Case, out: Path, tmp: Path) -> Launch:
+        # remedy: TRL's bf16 default, which the Trainer refuses on every rank here (no GPU); fixed, the two
+        # ranks train each on its own (without --use_cpu the Trainer does not run them as DDP)
+        return Launch(self.command(out, bf16_off=case != "remedy"), tmp, self.env(), resumes=True)
+
+    def other_run(self, out: Path, tmp: Path) -> tuple[Launch, str | None]:
+        # No output names: another run's checkpoint-N would land on the first run's names (refused).
+        return Launch(self.command(out, lr="1e-4"), tmp, self.env(), resumes=True), None
+
+    def trainer_process(self, trainsup_pid: int) -> psutil.Process | None:
+        for p in children(trainsup_pid):
+            argv = cmdline(p)
+            try:
+                rank = p.environ().get("RANK")
+            except psutil.Error:
+                continue
+            if any(Path(a).name == realhf.CHILD for a in argv[1:3]) and rank == "1":
+                return p  # rank 1, torchrun's child (`python -u sft.py ...`)
+        return None
+
+    def process_pattern(self, out: Path) -> re.Pattern[str]:
+        # torchrun ... sft.py ... and the two ranks it starts
+        return re.compile(rf"{re.escape(realhf.CHILD)} .*--output_dir {re.escape(str(out))}(?: |$)")
+
+    def settle(self, out: Path) -> None:
+        # Rank 0 trains on (it rewrites TRL's README.md model card at each save) until trainsup stops it.
+        pattern = self.process_pattern(out)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if not [p for p in psutil.process_iter() if pattern.search(" ".join(cmdline(p))) and _live(p)]:
+                return
+            time.sleep(0.05)
+
+    def state_dir(self, out: Path, step: int) -> Path:
+        return out / f"checkpoint-{step}"
+
+    def state_weights(self, state: Path) -> Path:
+        return state / "model.safetensors"
+
+    log_dirs = ("runs",)  # tensorboard, where installed: each launch its own event files
+
+    def weights_files(self, out: Path) -> list[Path]:
+        return sorted([*out.glob("checkpoint-*/model.safetensors"), out / "model.safetensors"])
+
+    def load_weights(self, path: Path) -> dict[str, np.ndarray]:
+        return load_file(str(path))
+
+    def check_ranks(self, run: Run) -> None:
+        found = [e for e in run.of("ranks") if e["attempt"] == 1]
+        assert found and [r["rank"] for r in found[-1]["ranks"]] == [0, 1], run.of("ranks")
+
+    def check_clean(self, run: Run) -> None:
+        self.check_ranks(run)
+        assert [s["step"] for s in run.of("state_saved")] == [50, 100, 150, 200]
+        assert not run.of("rank_ended") or all(e["exit_code"] in (0, None) for e in run.of("rank_ended"))
+        assert run.of("finished")[0]["final_weights"] == str(run.out / "model.safetensors")
+
+    def check_killed(self, run: Run) -> None:
+        self.check_ranks(run)
+        ended = [e for e in run.of("rank_ended") if e["attempt"] == 1]
+        print("hf-ranks killed:", ended, run.of("attempt_end")[0])
+        assert any((e["rank"], e["pid"]) == (1, run.marks["killed"]) for e in ended), ended
+        argv = run.starts()[1]["argv"]
+        assert argv[argv.index("--resume_from_checkpoint") + 1] == str(self.state_dir(run.out, 100))
+
+    def check_cut(self, run: Run) -> None:
+        assert any(e["dir"] == str(self.state_dir(run.out, 100)) for e in run.of("state_set_aside"))
+
+    def check_remedy(self, run: Run) -> None:
+        first, second = run.starts()[0]["argv"], run.starts()[1]["argv"]
+        assert second == [*first, "--bf16", "false"], second
+        assert run.starts()[1]["resume_from"] is None  # it failed before a checkpoint was written
+        assert [s["step"] for s in run.of("state_saved")] == [50, 100, 150, 200]
+
+
 # --- a trainer of its own shape, declared in a project's trainer: section ---------------------------
 OWN_SHAPE = str(ROOT / "tests" / "children" / "own_shape_trainer.py")
 
@@ -749,5 +883,5 @@ class OwnShapeBed(Bed):
 
 
 BEDS: tuple[Bed, ...] = (KohyaBed(), MusubiBed(), LitgptBed("finetune_full"), LitgptBed("finetune_lora"),
-                         DiffusersBed(),
+                         DiffusersBed(), HfRanksBed(),
                          OwnShapeBed())

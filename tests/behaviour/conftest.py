@@ -39,14 +39,17 @@ def kill_at_state_10(bed: Bed, cut: bool) -> Any:
     trainer, wait until it is gone, and keep a digest of the output dir as the kill left it."""
 
     def hook(event: dict[str, Any], ctx: Ctx) -> None:
-        if event["event"] != "state_saved" or event["step"] != 10 or event["attempt"] != 1 or "killed" in ctx.marks:
+        if event["event"] != "state_saved" or event["step"] != bed.at(10) or event["attempt"] != 1:
+            return
+        if "killed" in ctx.marks:
             return
         trainer = bed.trainer_process(ctx.pid)
         assert trainer is not None, f"{bed.name}: no trainer process under trainsup"
         if cut:
-            bed.cut_state(bed.state_dir(ctx.out, 10))
+            bed.cut_state(bed.state_dir(ctx.out, bed.at(10)))
         trainer.kill()
         psutil.wait_procs([trainer], timeout=30)
+        bed.settle(ctx.out)
         ctx.marks["killed"] = trainer.pid
         ctx.marks["digest"] = digest_tree(ctx.out)
 
@@ -62,7 +65,7 @@ def kill_at_seeded_step(bed: Bed, where: str) -> Any:
     step 10 and before the one of 15; ``inside a save``, the moment the state of step 10 or 15 appears
     on disk (its files are being written). Meanwhile every step the status shows is kept."""
     draw = random.Random(f"{SEED}-{bed.name}-{where}")
-    step = draw.choice([11, 12, 13, 14] if where == "between saves" else [10, 15])
+    step = bed.at(draw.choice([11, 12, 13, 14] if where == "between saves" else [10, 15]))
 
     def watch(ctx: Ctx) -> None:
         status = ctx.out / ".trainsup" / "status.json"
@@ -95,10 +98,10 @@ def kill_at_seeded_step(bed: Bed, where: str) -> Any:
     return hook
 
 
-def sigterm_at_state_5(event: dict[str, Any], ctx: Ctx) -> None:
+def sigterm_at_state_5(event: dict[str, Any], ctx: Ctx, bed: Bed) -> None:
     """A hook: while the trainer trains (attempt 1 saved step 5), SIGTERM to trainsup; keep the
     trainer's process tree as it was then."""
-    if event["event"] != "state_saved" or event["step"] != 5 or "tree" in ctx.marks:
+    if event["event"] != "state_saved" or event["step"] != bed.at(5) or "tree" in ctx.marks:
         return
     ctx.marks["tree"] = psutil.Process(ctx.pid).children(recursive=True)
     ctx.marks["argvs"] = [p.cmdline() for p in ctx.marks["tree"]]
@@ -145,12 +148,12 @@ def remedy_run(bed: Bed, tmp_path_factory: pytest.TempPathFactory) -> Run:
 
 @pytest.fixture(scope="module")
 def sigterm_run(bed: Bed, tmp_path_factory: pytest.TempPathFactory) -> Run:
-    return _run(bed, "sigterm", tmp_path_factory, sigterm_at_state_5)
+    return _run(bed, "sigterm", tmp_path_factory, lambda event, ctx: sigterm_at_state_5(event, ctx, bed))
 
 
 def kill_at_state_5(event: dict[str, Any], ctx: Ctx, bed: Bed) -> None:
     """A hook: kill -9 the trainer once attempt 1 saved step 5 (with no restart allowed: a give-up)."""
-    if event["event"] != "state_saved" or event["step"] != 5 or "killed" in ctx.marks:
+    if event["event"] != "state_saved" or event["step"] != bed.at(5) or "killed" in ctx.marks:
         return
     trainer = bed.trainer_process(ctx.pid)
     assert trainer is not None, f"{bed.name}: no trainer process under trainsup"

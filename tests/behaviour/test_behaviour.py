@@ -36,7 +36,7 @@ def test_a_clean_run_finishes_with_no_fault(bed: Bed, clean_run: Run) -> None:
     assert_finished(clean_run)
     assert not clean_run.of("fault") and len(clean_run.starts()) == 1
     steps = [s["step"] for s in clean_run.of("state_saved")]
-    assert {5, 10, 15, 20} <= set(steps), steps
+    assert {bed.at(5), bed.at(10), bed.at(15), bed.at(20)} <= set(steps), steps
     bed.check_clean(clean_run)
 
 
@@ -48,7 +48,7 @@ def test_a_killed_trainer_resumes_from_its_newest_complete_state_and_nothing_it_
     assert run.faults() == ["host_oom_killed"]  # a kill -9 reads as the kernel's OOM killer's
     start = run.starts()[1]  # the attempt after the kill (sd-scripts: relaunched at an epoch's end later)
     if run.launch.resumes:
-        assert (start["resume_from"], start["resume_step"]) == bed.resume_point(run, 10)
+        assert (start["resume_from"], start["resume_step"]) == bed.resume_point(run, bed.at(10))
     else:
         assert (start["resume_from"], start["resume_step"]) == (None, 0)
     changed = changed_since(run.marks["digest"], run)
@@ -60,11 +60,11 @@ def test_a_state_cut_mid_save_is_never_resumed_from(bed: Bed, cut_run: Run) -> N
     run = cut_run
     assert "killed" in run.marks, "the trainer was never killed: no state_saved of step 10 in attempt 1"
     assert_finished(run)
-    cut = str(bed.state_dir(run.out, 10))
+    cut = str(bed.state_dir(run.out, bed.at(10)))
     assert cut not in [s["resume_from"] for s in run.starts()]
     start = run.starts()[1]
     if run.launch.resumes:
-        assert (start["resume_from"], start["resume_step"]) == bed.resume_point(run, 5)
+        assert (start["resume_from"], start["resume_step"]) == bed.resume_point(run, bed.at(5))
     else:
         assert (start["resume_from"], start["resume_step"]) == (None, 0)
     bed.check_cut(run)
@@ -91,11 +91,12 @@ def test_an_interrupted_run_ends_as_if_it_had_never_been_interrupted(
     if "status_steps" in run.marks:
         resumed = [step for attempt, step in run.marks["status_steps"] if attempt >= 2]
         resume_step = run.starts()[1]["resume_step"]
-        assert resumed and resume_step <= min(resumed) and max(resumed) <= 20, (resume_step, resumed)
+        assert resumed and resume_step <= min(resumed) and max(resumed) <= bed.at(20), (resume_step, resumed)
         print(f"{bed.name}: killed {run.marks['kill']}: resumed at {resume_step}")
     assert visible_files(run.out, bed) == visible_files(clean_run.out, bed)
     start, end = run.starts()[-1], run.of("attempt_end")[-1]
-    assert start["resume_step"] + end["steps_trained"] == 20 and max(e["step"] for e in run.of("attempt_end")) == 20
+    last = bed.at(20)
+    assert start["resume_step"] + end["steps_trained"] == last and max(e["step"] for e in run.of("attempt_end")) == last
     worst = 0.0
     for path in bed.weights_files(clean_run.out):
         ours = run.out / path.relative_to(clean_run.out)
@@ -209,7 +210,7 @@ def test_another_run_in_the_same_output_dir_never_resumes_the_first_or_touches_i
         start = second.starts()[0]
         assert (start["resume_from"], start["resume_step"]) == (None, 0), start
         saved = second.marks["stopped"]
-        assert saved["attempt"] == 1 and saved["step"] == 5, saved
+        assert saved["attempt"] == 1 and saved["step"] == bed.at(5), saved
         assert str(first.out / ".trainsup") not in {s["resume_from"] for s in second.starts()}
     now = digest_tree(first.out)
     assert {k: now.get(k) for k in before} == before, "the first run's files changed"

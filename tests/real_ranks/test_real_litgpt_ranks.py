@@ -109,7 +109,8 @@ def test_rank_1_stopped_is_a_hang_naming_it_the_straggler_then_the_run_ends_as_a
         litgpt_bed: LitBed, reference: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     stop = AtStep(out, signal.SIGSTOP, STEP_30)
-    policy = "backoff:\n  initial_s: 0.5\n  max_s: 1\nstop:\n  grace_s: 3\nhang:\n  timeout_s: 8\n"
+    # 8 s without a step once training runs; start-up keeps its own long timeout (as tests/real_ranks' HF case)
+    policy = "backoff:\n  initial_s: 0.5\n  max_s: 1\nstop:\n  grace_s: 3\nhang:\n  min_timeout_s: 8\n"
     run = supervised(litgpt_bed, out, tmp_path, policy, stop)
     assert run.returncode == 0, run.stderr[-3000:]
     assert stop.pid is not None
