@@ -124,7 +124,8 @@ def test_rank_1_killed_stops_the_whole_tree_within_seconds_and_the_run_ends_as_a
     assert run.of("run_start")[0]["trainer"] == "hf"
     assert [r["rank"] for r in run.of("ranks")[0]["ranks"]] == [0, 1]
     ended = [e for e in run.of("rank_ended") if e["attempt"] == 1]
-    assert ended and ended[0]["rank"] == 1 and ended[0]["pid"] == kill.pid, run.of("rank_ended")
+    # rank 1, killed; rank 0 too when its launcher tore it down before trainsup looked (a loaded box)
+    assert any((e["rank"], e["pid"]) == (1, kill.pid) for e in ended), ended
     assert len(run.of("attempt_start")) == 2
     assert run.of("attempt_start")[1]["resume_step"] in (100, 150)
     assert_as_uninterrupted(hf_bed, out, reference)

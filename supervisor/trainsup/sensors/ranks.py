@@ -190,7 +190,18 @@ class RankWatch:
             end = RankEnd(rank, *_decode(status))
             self.ended.append(end)
             ends.append(end)
-        return ends, changed
+        return sorted(ends, key=_first_cause), changed
+
+
+def _first_cause(end: RankEnd) -> int:
+    """Of the ranks that ended together, the one most likely to have ended the others first: killed by a
+    signal of its own, then failed, then not known, then stopped (SIGTERM/SIGINT: what a launcher sends
+    the rest when one died), then exited 0."""
+    if end.signal is not None:
+        return 3 if end.signal in (signal.SIGTERM, signal.SIGINT) else 0
+    if end.exit_code is None:
+        return 2
+    return 1 if end.exit_code != 0 else 4
 
 
 def _decode(status: int | None) -> tuple[int | None, int | None]:
