@@ -72,6 +72,16 @@ def built_bed(setup: Path, where: str, what: str, env: dict[str, str] | None = N
     return Path(done.stdout.strip().splitlines()[-1])
 
 
+def safetensors_max_abs_diff(a: Path, b: Path) -> float:
+    """The largest difference over every tensor of two safetensors files (the same names in both), read
+    with safetensors' numpy loader (the test extra's; the supervisor never reads weights)."""
+    from safetensors.numpy import load_file
+
+    x, y = load_file(str(a)), load_file(str(b))
+    assert sorted(x) == sorted(y), (a, b)
+    return max(float(abs(x[k].astype("float64") - y[k].astype("float64")).max()) for k in x)
+
+
 def ready_bed(found: BedT | str, tier: str) -> BedT:
     """A real tier's bed, or its reason not to run: skipped saying why, except where CI is set, where a
     tier that cannot run fails (a silently skipped tier would be a defect)."""

@@ -16,7 +16,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.conftest import ROOT, built_bed
+from tests.conftest import ROOT, built_bed, safetensors_max_abs_diff
 
 SETUP = ROOT.parent / "shared" / "realdiffusers" / "setup"
 SCRIPT = "train_text_to_image_lora.py"
@@ -61,11 +61,7 @@ class DiffusersBed:
 
     def max_abs_diff(self, a: Path, b: Path) -> float:
         """The largest difference over every tensor of two safetensors files (the same names in both)."""
-        from safetensors.numpy import load_file  # the test extra's; the supervisor never reads weights
-
-        x, y = load_file(str(a)), load_file(str(b))
-        assert sorted(x) == sorted(y), (a, b)
-        return max(float(abs(x[k].astype("float64") - y[k].astype("float64")).max()) for k in x)
+        return safetensors_max_abs_diff(a, b)
 
 
 @functools.cache

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.conftest import ROOT, built_bed, script_process
+from tests.conftest import ROOT, built_bed, safetensors_max_abs_diff, script_process
 
 SETUP = ROOT.parent / "shared" / "realmusubi" / "setup"
 SCRIPT = "wan_train_network.py"
@@ -80,11 +80,7 @@ class MusubiBed:
 
     def max_abs_diff(self, a: Path, b: Path) -> float:
         """The largest difference over every tensor of two safetensors files (the same names in both)."""
-        from safetensors.numpy import load_file  # the test extra's; the supervisor never reads weights
-
-        x, y = load_file(str(a)), load_file(str(b))
-        assert sorted(x) == sorted(y), (a, b)
-        return max(float(abs(x[k].astype("float64") - y[k].astype("float64")).max()) for k in x)
+        return safetensors_max_abs_diff(a, b)
 
 
 @functools.cache
