@@ -217,3 +217,44 @@ def test_a_launch_of_ranks_gets_the_nccl_flight_recorder_into_the_run_dir_unless
     assert Supervisor(RunSpec((sys.executable, "-c", show), tmp_path, plain, dict(os.environ), False, None),
                       parse_policy("restart:\n  max: 0\n", "policy.yaml")).run() in (0, 3)
     assert "TORCH_NCCL_DUMP_ON_TIMEOUT=None" in (plain / "attempt-1.log").read_text()
+
+
+# Ranks reaped the moment they end (as torchrun's agent does), so trainsup cannot read how one ended: rank 1
+# is done first and exits 0 while rank 0 still writes the final weights, for longer than a second or five.
+REAPING_LAUNCHER = """
+import os, subprocess, sys, time
+rank_code = '''
+import os, sys, time
+print(f"rank {os.environ['RANK']} step 1", flush=True)
+time.sleep(2.5)  # found by trainsup (it looks once a second)
+if os.environ["RANK"] == "0":
+    time.sleep(0.5)
+    with open(os.environ["FINAL"], "w") as final:
+        for part in range(70):
+            final.write(f"part {part}\\\\n")
+            final.flush()
+            time.sleep(0.1)
+        final.write("end\\\\n")
+'''
+ranks = []
+for rank in (0, 1):
+    env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2")
+    ranks.append(subprocess.Popen([os.environ["RANK_PYTHON"], "-c", rank_code], env=env))
+codes = [os.waitpid(-1, 0)[1] for _ in ranks]
+sys.exit(1 if any(codes) else 0)
+"""
+
+
+def test_a_rank_that_ends_first_unread_does_not_stop_rank_0_writing_the_final_weights(tmp_path: Path) -> None:
+    """A rank's end trainsup could not read is not a failure: the launcher, which read it, says if it was."""
+    run_dir, final = tmp_path / "run", tmp_path / "final.txt"
+    spec = RunSpec((str(_torchrun(tmp_path)), "-c", REAPING_LAUNCHER), tmp_path, run_dir,
+                   {**os.environ, **RANK_ENV, "FINAL": str(final)}, False, None)
+    code = Supervisor(spec, parse_policy("restart:\n  max: 0\nstop:\n  grace_s: 2\n", "policy.yaml")).run()
+    events = read_events(run_dir)
+    ended = {e["rank"]: e for e in events if e["event"] == "rank_ended"}
+    assert ended[1]["exit_code"] is None and ended[1]["signal"] is None, ended  # reaped before trainsup read it
+    assert final.read_text().endswith("part 69\nend\n"), "rank 0 was stopped while it wrote"
+    (attempt_end,) = [e for e in events if e["event"] == "attempt_end"]
+    assert (attempt_end["exit_code"], attempt_end.get("rank_ended")) == (0, None), attempt_end
+    assert code in (0, 3)

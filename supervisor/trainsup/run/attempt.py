@@ -46,8 +46,6 @@ from .observe import Observations, OutputParser
 from .pump import AttemptLog, Pump
 
 RANK_GRACE_S = 1.0  # after a rank died: the launcher's time to say how, before its group is stopped
-# after a rank ended, reaped before trainsup read how, without a word of the launcher's or a success line
-RANK_GRACE_UNKNOWN_S = 5.0
 
 
 @dataclass(kw_only=True)
@@ -198,9 +196,15 @@ class Attempt:
         return self.hang_clock.overdue(self.clock())
 
     def _watch_ranks(self) -> None:
-        """Say which ranks there are; stop the group once one ended badly while the launcher lives on:
-        a second after (the launcher may still print how it ended), or five when how it ended is not
-        known (its launcher reaped it at once) and neither the launcher nor a success line said."""
+        """Say which ranks there are; stop the group a second after one ended badly while the launcher lives
+        on (the launcher may still print how it ended).
+
+        A rank whose end is not known (its launcher reaped it before trainsup read how) stops nothing until
+        the launcher says it failed: a rank that exited 0 reads the same, and rank 0 may still be writing the
+        final weights (seen on sd-scripts under ``accelerate launch --num_processes 2``: rank 1 ends first,
+        reaped at once, while rank 0 saves). A launcher that watches its ranks (torchrun, accelerate,
+        deepspeed) stops the rest itself within a second of a failure; where none does, the hang timeout
+        is the bound."""
         assert self.rank_watch is not None
         now = self.clock()
         ends, changed = self.rank_watch.poll(now)
@@ -208,15 +212,15 @@ class Attempt:
             self.events.put(RanksFound(tuple(r.record() for r in self.rank_watch.ranks)))
         for end in ends:
             self.events.put(RankEnded(end))
-            if self.rank_end is None and end.failed is not False:
-                self.rank_end, self.rank_end_at = end, now
+            if end.failed is not False and (self.rank_end is None or (end.failed and not self.rank_end.failed)):
+                self.rank_end, self.rank_end_at = end, now  # a known failure over an end not known
         if self.rank_end is None:
             return
         said = self.scanner.child_status
         known = self.rank_end.failed or (said is not None and said != (0, None))
-        if not known and (self.obs.success_seen or said == (0, None)):
-            return  # it finished: the launcher is winding down
-        if now - self.rank_end_at >= (RANK_GRACE_S if known else RANK_GRACE_UNKNOWN_S):
+        if not known:
+            return
+        if now - self.rank_end_at >= RANK_GRACE_S:
             self.stopped_for_rank = True
             self._stop(signal.SIGTERM)
 

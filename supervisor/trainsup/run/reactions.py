@@ -53,6 +53,7 @@ class Reactions:
         self.begun_at = time.time()  # the attempt's launch (wall clock: the dumps' times are)
         self._status_written = float("-inf")
         self._states_looked = float("-inf")
+        self._said_rank_stop = False  # the first rank that died is said; the ones its launcher stopped, journaled
         self._progress_said = float("-inf")  # --quiet: when the last progress line was said
 
     def begin(self, attempt: int, resume_step: int) -> None:
@@ -80,7 +81,8 @@ class Reactions:
     def rank_ended(self, end: RankEnd) -> None:
         self.ctx.journal.event(kinds.RANK_ENDED, attempt=self.attempt_no, rank=end.rank.rank, pid=end.rank.pid,
                                exit_code=end.exit_code, signal=end.signal)
-        if end.failed is not False:
+        if end.failed and not self._said_rank_stop:
+            self._said_rank_stop = True
             say(f"attempt {self.attempt_no}: {end.says()} while its launcher still runs: stopping every process "
                 "of the attempt")
 
