@@ -1,6 +1,6 @@
 """A collective timeout from a rank-0-only phase, on two real ranks (issue 34): TRL's ``sft.py`` under
 ``torchrun --nproc_per_node 2`` with gloo on the CPU, ``--ddp_timeout 5``. Rank 0 alone sleeps at the start
-of each checkpoint save (``slow_rank0/sitecustomize.py``, on PYTHONPATH: the save is work only rank 0 is late
+of each checkpoint save (``rank_faults/sitecustomize.py``, on PYTHONPATH: the save is work only rank 0 is late
 in, as a big checkpoint, a sample or a validation pass would be); rank 1 goes on into the next collective and
 gloo gives up after 5 s (``Timed out waiting 5000ms for send operation to complete``, in its all_gather).
 trainsup must read that as ``nccl_timeout``, relaunch with ``--ddp_timeout`` raised (20 s: longer than the save)
@@ -15,7 +15,7 @@ from pathlib import Path
 from tests.e2e.demo_harness import supervise
 from tests.real_hf.bed import HfBed, processes_of
 
-SHIM = Path(__file__).parent / "slow_rank0"
+SHIM = Path(__file__).parent / "rank_faults"
 STEPS, SAVE_EVERY, SLOW_SAVE_S, TIMEOUT_S = 40, 20, 12, 5
 
 

@@ -77,7 +77,14 @@ class AtStep(threading.Thread):
         self.out, self.act, self.marker = out, act, marker
         self.pid: int | None = None
         self.at: float | None = None
+        self.at_wall: float | None = None  # the journal's clock, for the time from the act to an event of it
         self.stopped_after: float | None = None
+
+    def hang_said_after(self, run: SupervisedRun) -> float:
+        """Seconds from the act (a SIGSTOP) to the hang's stacks in the journal."""
+        assert self.at_wall is not None
+        (stacks,) = run.of("hang_stacks")
+        return float(stacks["ts"]) - self.at_wall
 
     def run(self) -> None:
         run_dir = self.out / ".trainsup"
@@ -96,7 +103,7 @@ class AtStep(threading.Thread):
                 assert launcher is not None
                 tree = [launcher, *launcher.children(recursive=True)]
                 os.kill(self.pid, self.act)
-                self.at = time.monotonic()
+                self.at, self.at_wall = time.monotonic(), time.time()
                 while time.monotonic() < deadline and self.act == signal.SIGKILL:
                     if not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree
                                if p.pid != self.pid):
@@ -142,9 +149,35 @@ def test_rank_1_stopped_is_a_hang_naming_it_the_straggler_then_resumed_as_an_uni
     assert run.returncode == 0, run.stderr[-3000:]
     assert stop.pid is not None
     assert [f["class"] for f in run.of("fault")] == ["hang"]
+    print(f"rank 1 stopped -> the hang's stacks taken {stop.hang_said_after(run):.1f} s later")
     (stacks,) = run.of("hang_stacks")
     assert stacks["stragglers"] == [1] and stacks["processes"] >= 3  # torchrun and both ranks, at least
     report = Path(stacks["path"]).read_text()
     assert "rank 1 stopped: rank 1 is the straggler" in report
     assert report.count("=== pid ") >= 3 and f"=== pid {stop.pid}:" in report
     assert_as_uninterrupted(hf_bed, out, reference)
+
+
+def test_diagnose_names_the_rank_that_failed_first_not_the_others_consequent_errors(
+        hf_bed: HfBed, tmp_path: Path) -> None:
+    """Rank 1's optimizer raises at its fifth step (``rank_faults``); rank 0, waiting for it in the next
+    gradient all-reduce, fails in turn, and torchrun reports both. ``trainsup diagnose`` on the trainer's own log
+    must name rank 1's error."""
+    import subprocess
+
+    from tests.conftest import trainsup_cmd
+
+    out, log = tmp_path / "out", tmp_path / "two-ranks.log"
+    faults = Path(__file__).resolve().parent / "rank_faults"
+    with log.open("w") as sink:
+        done = subprocess.run(command(hf_bed, out), cwd=tmp_path, stdout=sink, stderr=subprocess.STDOUT,
+                              timeout=600, check=False,
+                              env={**env(hf_bed), "PYTHONPATH": str(faults), "TRAINSUP_TEST_FAIL_AT": "1:5"})
+    assert done.returncode != 0
+    text = log.read_text(errors="replace")
+    assert "[rank0]:" in text and "Traceback" in text  # rank 0's consequent failure is in the log too
+    said = subprocess.run(trainsup_cmd("diagnose", str(log)), capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert said.returncode == 0, said.stderr
+    assert "evidence: [rank1]: ValueError: rank 1: a sample this rank cannot train on, at step 5" in said.stdout, \
+        said.stdout

@@ -116,6 +116,7 @@ def test_rank_1_stopped_is_a_hang_naming_it_the_straggler_then_the_run_ends_as_a
     assert run.returncode == 0, run.stderr[-3000:]
     assert stop.pid is not None
     assert [f["class"] for f in run.of("fault")] == ["hang"]
+    print(f"LitGPT rank 1 stopped -> the hang's stacks taken {stop.hang_said_after(run):.1f} s later")
     (stacks,) = run.of("hang_stacks")
     assert stacks["stragglers"] == [1] and stacks["processes"] >= 2  # both ranks, at least
     report = Path(stacks["path"]).read_text()

@@ -231,3 +231,17 @@ def test_a_command_without_data_loader_workers_is_told_its_resume_is_not_bit_exa
     assert any("resumed run's weights differ slightly" in n for n in notes)
     notes = prepare([sys.executable, *argv], kohya, Policy().trainer_settings()).notes
     assert any("--save_every_n_epochs 1" in n for n in notes) and not any("differ slightly" in n for n in notes)
+
+
+def test_a_script_whose_states_hold_no_step_is_told_it_starts_over_and_gets_no_saves_of_trainsups(
+        kohya: Path) -> None:
+    """sd-scripts' textual inversion (and its full fine-tunes) save no train_state.json: a resume counts from
+    step 0 again, so trainsup adds no state or epoch save of its own and says the run starts over."""
+    argv = ["train_textual_inversion.py", "--pretrained_model_name_or_path", "model.safetensors", *BASE]
+    prepared = prepare([sys.executable, *argv], kohya, Policy().trainer_settings())
+    assert any("train_textual_inversion.py saves no train_state.json" in n and "starts this run over" in n
+               for n in prepared.notes), prepared.notes
+    argv_after = prepared.plan.command.argv()
+    assert "--save_every_n_epochs" not in argv_after
+    lora = prepare([sys.executable, "train_network.py", *argv[1:]], kohya, Policy().trainer_settings())
+    assert "--save_every_n_epochs" in lora.plan.command.argv()

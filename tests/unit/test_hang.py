@@ -7,7 +7,7 @@ import pytest
 from trainsup.run.decide import History, Outcome, decide, record
 from trainsup.run.policy import PolicyError, parse_policy
 from trainsup.sensors.hang import HangClock, HangPolicy, hang_evidence, hang_spot, percentile
-from trainsup.sensors.stacks import innermost_main_frame
+from trainsup.sensors.stacks import collective_of, innermost_main_frame
 
 POLICY = HangPolicy(startup_timeout_s=1800, min_timeout_s=300, step_factor=10, phase_timeout_s=1800)
 
@@ -148,3 +148,16 @@ def test_a_completed_state_ends_the_saving_phase() -> None:
     clock.enter("saving", 11)
     clock.enter("training", 12)
     assert clock.timeout() == 300  # a trainer frozen right after its save is found at the training timeout
+
+
+def test_a_rank_waits_in_a_collective_of_torch_distributed_or_of_ddp_itself() -> None:
+    def dump(*frames: str) -> str:
+        return 'Thread 9 (idle): "MainThread"\n' + "".join(f"    {f}\n" for f in frames)
+
+    assert collective_of(dump("all_gather (torch/distributed/distributed_c10d.py:3802)",
+                              "wrapper (torch/distributed/c10d_logger.py:81)")) == "all_gather"
+    # DDP's own sync before a forward (seen: sd-scripts' rank 0 waiting for a stopped rank 1)
+    assert collective_of(dump("DistributedDataParallel._pre_forward (torch/nn/parallel/distributed.py:1775)",
+                              "DistributedDataParallel.forward (torch/nn/parallel/distributed.py:1840)",
+                              "train (train_textual_inversion.py:602)")) == "DistributedDataParallel._pre_forward"
+    assert collective_of(dump("forward (model.py:10)", "train (train.py:5)")) is None

@@ -85,8 +85,10 @@ def innermost_main_frame(dump: str) -> str | None:
 
 def collective_of(dump: str) -> str | None:
     """The ``torch.distributed`` call the main thread waits in (its innermost frame in
-    ``distributed_c10d.py``), else None."""
-    return next((func for func, where in _main_frames(dump) if where.startswith("distributed_c10d.py:")), None)
+    ``distributed_c10d.py``, or one of DDP's own, whose collectives run in C++ under it: seen on sd-scripts'
+    two ranks, the rank left waiting for a stopped one in ``DistributedDataParallel._pre_forward``), else None."""
+    return next((func for func, where in _main_frames(dump)
+                 if where.startswith("distributed_c10d.py:") or func.startswith("DistributedDataParallel.")), None)
 
 
 @dataclass(frozen=True)

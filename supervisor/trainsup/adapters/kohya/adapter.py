@@ -52,7 +52,7 @@ from .output import BATCHES_PER_EPOCH, GRAD_ACCUM, KohyaOutput
 from .plan import LaunchPlan, apply_action, upgrade_spec
 from .points import Cadence, ResumePoints
 from .prepare import prepare
-from .profile import script_info
+from .profile import script_info, state_holds_step
 from .remedies import ladder as kohya_ladder
 from .rules import FAMILY_RULES, RUN_RULES
 from .samples import SampleCadence
@@ -143,7 +143,10 @@ class KohyaRun(TrainerRun):
         cmd, name = plan.command, self.prepared.output_name
         # The user's own output name is safe only for a fresh start that nothing of this run has
         # written under yet; a resumed attempt's labels are wrong and would overwrite earlier files.
-        own_name = resume is None and self.user_resume is None and not self.points.wrote_under(name)
+        starts_over = resume is None and self.user_resume is None
+        if starts_over and self.dialect is KOHYA and not state_holds_step(os.path.basename(cmd.launcher[-1])):
+            self.points.start_over(name, attempt)  # no state of its can resume: each attempt is the whole run
+        own_name = starts_over and not self.points.wrote_under(name)
         output_name = name if own_name else f"{name or 'last'}-trainsup{attempt}"
         if output_name is not None and not own_name:
             cmd.set("output_name", output_name)

@@ -376,6 +376,18 @@ class ResumePoints(LedgerStates):
                 continue
         return False
 
+    def start_over(self, output_name: str | None, attempt: int) -> None:
+        """Move what this run wrote under ``output_name`` into ``RUN_DIR/saves/`` (kept, out of sight): an
+        attempt that starts over from the beginning writes the same names again (a script whose states
+        cannot resume a run)."""
+        for entry in outputs_under(self.output_dir, output_name):
+            try:
+                ours = entry.stat().st_mtime >= self.run_started
+            except OSError:
+                continue
+            if ours:
+                self.publisher.hide(entry, f"written before attempt {attempt} started over from the beginning")
+
     def adopt(self, path: Path) -> str:
         """Take the user's own ``--resume`` state as a resume point; '' or why it cannot be."""
         check = self._check(path, False)

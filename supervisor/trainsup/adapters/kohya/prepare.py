@@ -19,6 +19,7 @@ from . import tomlio
 from .dialect import KOHYA, Dialect
 from .doctor import WORKERS_0_NOTE
 from .plan import LaunchPlan
+from .profile import state_holds_step
 
 KOHYA_DEFAULT_MAX_STEPS = 1600
 
@@ -93,6 +94,13 @@ def prepare(argv: list[str], cwd: Path, policy: Settings, rng: random.Random | N
         seed = (rng or random.Random(zlib.crc32("\0".join(argv).encode("utf-8")))).randrange(1, 2**31 - 1)
         command.set("seed", str(seed))
         notes.append(f"no --seed given: fixed --seed {seed} so every attempt sees the same data order")
+    script = Path(command.launcher[-1]).name
+    if dialect is KOHYA and not state_holds_step(script):
+        # Its states cannot resume a run where it was: no save of trainsup's own is worth adding.
+        notes.append(f"note: {script} saves no train_state.json, so its --resume counts steps from 0 again: "
+                     "after a fault trainsup starts this run over from the beginning")
+        return Prepared(plan, output_dir, output_name, max_steps, user_resume, notes,
+                        int_value("save_every_n_steps"), int_value("save_every_n_epochs"))
     if not plan.effective("save_state"):
         command.set("save_state")
         notes.append("no --save_state: added it, so there is a state to resume from")

@@ -70,6 +70,18 @@ class ScriptInfo:
         return self.kind in kinds or (self.kind == "unknown" and bool(kinds))
 
 
+# sd-scripts' scripts whose states hold no train_state.json (only train_network.py's NetworkTrainer, which
+# every *_train_network.py subclasses, writes one): their --resume loads the weights, optimizer and random
+# states and then counts steps and epochs from 0 again, so no state of theirs resumes a run where it was.
+_NO_STEP_IN_STATE = frozenset({"train_db", "fine_tune", "train_textual_inversion", "sdxl_train", "flux_train",
+                               "sd3_train"})
+
+
+def state_holds_step(script: str) -> bool:
+    """Whether a state of this script records its step (``train_state.json``); unknown scripts: assumed."""
+    return script.removesuffix(".py") not in _NO_STEP_IN_STATE
+
+
 def script_info(script: str) -> ScriptInfo:
     return ScriptInfo(script, _SCRIPT_KINDS.get(script, "unknown"))
 
