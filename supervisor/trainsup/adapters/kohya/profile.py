@@ -73,8 +73,12 @@ class ScriptInfo:
 # sd-scripts' scripts whose states hold no train_state.json (only train_network.py's NetworkTrainer, which
 # every *_train_network.py subclasses, writes one): their --resume loads the weights, optimizer and random
 # states and then counts steps and epochs from 0 again, so no state of theirs resumes a run where it was.
-_NO_STEP_IN_STATE = frozenset({"train_db", "fine_tune", "train_textual_inversion", "sdxl_train", "flux_train",
-                               "sd3_train"})
+_NO_STEP_IN_STATE = frozenset({
+    "train_db", "fine_tune", "sdxl_train", "flux_train", "sd3_train", "lumina_train", "anima_train",
+    "train_textual_inversion", "train_textual_inversion_XTI", "sdxl_train_textual_inversion",
+    "train_controlnet", "train_control_net", "sdxl_train_control_net", "flux_train_control_net",
+    "sdxl_train_control_net_lllite", "sdxl_train_control_net_lllite_old",
+})
 
 
 def state_holds_step(script: str) -> bool:
