@@ -16,6 +16,8 @@ from trainsup.adapters.musubi.adapter import MusubiRun
 from trainsup.faults.remedies import DEFAULT, collective_timeout_s, raised_timeout_s
 from trainsup.faults.scanner import classify_text
 from trainsup.faults.verdict import Said
+from trainsup.run.decide import History, Outcome, decide, record
+from trainsup.run.policy import parse_policy
 from trainsup.trainers.base import Setup, rung_applies
 
 GLOO = ("[rank1]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:129] "
@@ -53,7 +55,34 @@ def test_the_timeout_the_group_had_is_read_from_the_evidence() -> None:
 
 def test_the_neutral_ladder_raises_the_timeout_before_any_identical_restart() -> None:
     first, then = DEFAULT["nccl_timeout"]
-    assert [a.kind for a in first.actions] == ["raise_timeout"] and then.repeat
+    assert [a.kind for a in first.actions] == ["raise_timeout"] and first.repeat and then.repeat
+
+
+def _timed_out(attempt: int, step: int) -> Outcome:
+    return Outcome(attempt=attempt, exit_code=1, signal=None, child_status=None, child_signal=None, uptime_s=900.0,
+                   fault="nccl_timeout", evidence=GLOO, evidence_line=3, steps_trained=step, step=step,
+                   saved_new_state=False, ended_at=float(attempt))
+
+
+def test_a_timeout_again_at_the_same_step_stops_a_trainer_without_a_timeout_setting_and_raises_one_with_it() -> None:
+    """Without the setting (the raise does not apply): one plain restart, then a stop at the same step, saying
+    why, instead of identical restarts until the budget is spent. With it: raised again at each recurrence."""
+    policy = parse_policy("", "p")
+    history = History()
+    first = decide(history, _timed_out(1, 40), policy, 10, lambda rung: rung.actions[0].kind != "raise_timeout")
+    assert first.kind == "restart" and first.rung is not None and first.rung.actions[0].kind == "restart"
+    record(history, _timed_out(1, 40), first, 10)
+    elsewhere = decide(history, _timed_out(2, 80), policy, 20, lambda rung: rung.actions[0].kind != "raise_timeout")
+    assert elsewhere.kind == "restart"  # another step: another phase, maybe a passing one
+    again = decide(history, _timed_out(2, 40), policy, 20, lambda rung: rung.actions[0].kind != "raise_timeout")
+    assert again.kind == "stop" and "timed out again at step 40 with the same settings" in again.reason
+    assert "no timeout setting" in again.reason
+    history = History()
+    for attempt in (1, 2, 3):
+        raised = decide(history, _timed_out(attempt, 40), policy, 10 * attempt, lambda rung: True)
+        assert raised.kind == "restart" and raised.rung is not None
+        assert [a.kind for a in raised.rung.actions] == ["raise_timeout"], attempt
+        record(history, _timed_out(attempt, 40), raised, 10 * attempt)
 
 
 def test_the_hf_trainer_gets_ddp_timeout_in_seconds_raised_from_the_command_or_the_groups(tmp_path: Path) -> None:

@@ -10,6 +10,9 @@ and never special-cases a fault id.
   killer killed anything meanwhile).
 - ``repeats_at_same_spot``: a recurrence at the same spot (the same stacks of a hang) means the
   restart did not help: the run stops.
+- ``repeats_at_same_step``: a recurrence at the same step when its ladder has no change left to make
+  (only plain restarts) means the next restart meets the same wall: the run stops, saying
+  ``same_step_reason``.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ class FaultClass:
     voids_save_in_progress: bool = False
     memory: Literal["gpu", "host"] | None = None
     repeats_at_same_spot: bool = False
+    repeats_at_same_step: bool = False
+    same_step_reason: str = "{fault}: it recurred at step {step} with nothing left to change"
 
 
 FAULT_CLASSES: dict[str, FaultClass] = {
@@ -40,6 +45,14 @@ FAULT_CLASSES: dict[str, FaultClass] = {
     "cuda_oom": FaultClass(memory="gpu"),
     "host_oom_killed": FaultClass(memory="host"),
     "hang": FaultClass(repeats_at_same_spot=True),
+    # A collective timeout at the same step again: the phase one rank works in alone there (a save, samples, a
+    # validation, caching) outlasts the group's timeout, and no setting of this trainer's raises it.
+    "nccl_timeout": FaultClass(
+        repeats_at_same_step=True,
+        same_step_reason="{fault}: a collective timed out again at step {step} with the same settings: one rank "
+        "works alone there (a save, samples, a validation, caching) for longer than the process group's "
+        "timeout, and this trainer has no timeout setting trainsup can raise; make that work shorter or "
+        "less frequent, or give the process group a longer timeout"),
 }
 _PLAIN = FaultClass()
 

@@ -134,7 +134,9 @@ DEFAULT: dict[str, tuple[Rung, ...]] = {
     # A collective that timed out while every rank lived (a rank that died ends the attempt as its own fault):
     # one rank was elsewhere longer than the group's timeout, most often in work only it does (caching,
     # sampling, validation, a save); an identical restart meets the same wall, a longer timeout does not.
-    "nccl_timeout": (Rung((RAISE_TIMEOUT,)), RESTART),
+    # Raised again at each recurrence (the phase outlasted four times the last timeout); a trainer without the
+    # setting gets plain restarts, and a recurrence at the same step stops the run (``FaultClass``).
+    "nccl_timeout": (Rung((RAISE_TIMEOUT,), repeat=True), RESTART),
     "nccl_error": (RESTART,),
     "cuda_fatal": (RESTART,),
     "corrupt_checkpoint": (RESTART,),

@@ -35,6 +35,7 @@ class Outcome:
     evidence: str | None
     evidence_line: int | None
     steps_trained: int  # optimizer steps this attempt made
+    step: int | None = None  # the run's step it ended at (absolute), where known
     saved_new_state: bool
     ended_at: float  # the clock of the decision loop
     stop_signal: int | None = None  # trainsup itself was told to stop
@@ -90,7 +91,7 @@ def _select(fault: str, start: int, applicable: Callable[[Rung], bool],
     rungs = ladder(fault)
     index = start
     skipped: list[tuple[int, Rung]] = []
-    while index < len(rungs) and not rungs[index].repeat and not applicable(rungs[index]):
+    while index < len(rungs) and not applicable(rungs[index]):
         skipped.append((index, rungs[index]))
         index += 1
     return ((index, rungs[index]) if index < len(rungs) else None), tuple(skipped)
@@ -121,6 +122,9 @@ def decide(history: History, outcome: Outcome, policy: Policy, now: float,
         return Decision(kind="stop", exit_code=EXIT_STOPPED,
                         reason=f"{fault}: it hung again {spot}; a restart will not get past it "
                         "(the stacks are in the run dir's hang-N.txt)")
+    again = _same_step_again(history, outcome, applicable, ladder)
+    if again is not None:
+        return Decision(kind="stop", exit_code=EXIT_STOPPED, reason=again)
 
     recent = [t for t in history.restarts_at if now - t < policy.restart_window_s]
     if len(recent) >= policy.restart_max:
@@ -155,6 +159,22 @@ def decide(history: History, outcome: Outcome, policy: Policy, now: float,
     delay = min(policy.backoff_max_s, policy.backoff_initial_s * policy.backoff_factor ** failures)
     return Decision(kind="restart", reason=f"{fault}: {rung.describe()}", rung=rung, rung_index=index, delay_s=delay,
                     quick=quick and rung.repeat, skipped=skipped)
+
+
+def _same_step_again(history: History, outcome: Outcome, applicable: Callable[[Rung], bool],
+                     ladder: Ladder) -> str | None:
+    """Why to stop a fault that recurs at the same step with nothing left to change (a class that
+    ``repeats_at_same_step``), else None: a restart would meet the same wall again."""
+    fault = outcome.fault
+    if not fault or not fault_class(fault).repeats_at_same_step or outcome.step is None:
+        return None
+    if not any(o.fault == fault and o.step == outcome.step for o in history.outcomes):
+        return None
+    changes = [r for r in ladder(fault)[history.next_rung.get(fault, 0):]
+               if any(a.kind not in ("restart", "stop") for a in r.actions) and applicable(r)]
+    if changes:
+        return None
+    return fault_class(fault).same_step_reason.format(fault=fault, step=outcome.step)
 
 
 def record(history: History, outcome: Outcome, decision: Decision, now: float) -> None:

@@ -188,7 +188,8 @@ class Reactions:
                        child_signal=r.obs.child_signal, uptime_s=r.uptime_s, fault=r.fault,
                        evidence=ev.line if ev else None, evidence_line=ev.lineno if ev else None,
                        evidence_groups=ev.groups if ev else {},
-                       steps_trained=trained, saved_new_state=points.steps_proven() > 0, ended_at=self.clock(),
+                       steps_trained=trained, step=self.resume_step + trained,
+                       saved_new_state=points.steps_proven() > 0, ended_at=self.clock(),
                        stop_signal=r.stop_signal, foreign_mib=foreign_mib, same_settings=same)
 
     def _journal_fault(self, r: AttemptResult) -> int:

@@ -36,7 +36,7 @@ LADDERS: dict[str, tuple[Rung, ...]] = {
     ),
     "nccl_timeout": (
         Rung((Action("raise_timeout", value=str(TIMEOUT_FACTOR),
-                     says=f"raise --ddp_timeout (seconds, times {TIMEOUT_FACTOR})"),)),
+                     says=f"raise --ddp_timeout (seconds, times {TIMEOUT_FACTOR})"),), repeat=True),
         RESTART,
     ),
     "cuda_oom": (

@@ -28,7 +28,7 @@ RAISE_DDP_TIMEOUT = Action("raise_timeout", value=str(TIMEOUT_FACTOR),
                            says=f"raise --ddp_timeout (minutes, times {TIMEOUT_FACTOR})")
 
 LADDERS: dict[str, tuple[Rung, ...]] = {
-    "nccl_timeout": (Rung((RAISE_DDP_TIMEOUT,)), RESTART),
+    "nccl_timeout": (Rung((RAISE_DDP_TIMEOUT,), repeat=True), RESTART),  # raised again at each recurrence
     "meta_tensor": (
         Rung((Action("add_flag", "fp8_base"),)),
         stop("weights stayed on the meta device even with --fp8_base: the model or VAE/AE file's "
