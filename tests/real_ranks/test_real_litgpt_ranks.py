@@ -124,3 +124,24 @@ def test_rank_1_stopped_is_a_hang_naming_it_the_straggler_then_the_run_ends_as_a
     assert "rank 1 stopped: rank 1 is the straggler" in report
     assert report.count("=== pid ") >= 2 and f"=== pid {stop.pid}:" in report
     assert_as_uninterrupted(litgpt_bed, out, reference)
+
+
+def test_a_rank_0_save_longer_than_the_groups_timeout_again_at_the_same_step_stops_the_run_saying_why(
+        litgpt_bed: LitBed, tmp_path: Path) -> None:
+    """LitGPT has no collective-timeout setting: after a timeout, one plain restart; the same timeout at the same
+    step again stops the run with the reason, instead of identical restarts until the restart budget is spent.
+    Rank 0's first LoRA checkpoint (step 25) takes 12 s more (``rank_faults``), longer than the group's timeout,
+    4 s here (the shim stands in for torch's 10 or 30 minutes)."""
+    out = tmp_path / "out"
+    faults = Path(__file__).resolve().parent / "rank_faults"
+    run = supervise(command(litgpt_bed, out), out, tmp_path, policy=POLICY, timeout=600, cwd=tmp_path,
+                    env={**env(litgpt_bed), "PYTHONPATH": str(faults), "TRAINSUP_TEST_SLOW_SAVE_S": "12",
+                         "TRAINSUP_TEST_PG_TIMEOUT_S": "4"})
+    assert run.returncode == 4, run.stderr[-3000:]  # stopped: a restart cannot fix it
+    assert [f["class"] for f in run.of("fault")] == ["nccl_timeout", "nccl_timeout"], run.of("fault")
+    (remedy,) = run.of("remedy")
+    assert remedy["actions"] == ["restart from the last safe state"], remedy  # nothing of LitGPT's to raise
+    assert [e["step"] for e in run.of("attempt_end")] == [25, 25]
+    (ended,) = run.of("gave_up")
+    assert "timed out again at step 25 with the same settings" in ended["reason"], ended
+    assert "timed out again at step 25" in run.stderr
