@@ -258,3 +258,32 @@ def test_a_rank_that_ends_first_unread_does_not_stop_rank_0_writing_the_final_we
     (attempt_end,) = [e for e in events if e["event"] == "attempt_end"]
     assert (attempt_end["exit_code"], attempt_end.get("rank_ended")) == (0, None), attempt_end
     assert code in (0, 3)
+
+
+def test_a_rescan_reads_the_environment_of_new_processes_only(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The watch rescans the launcher's tree every second for the attempt's life: a process's rank is read
+    from its environment once, when it is first seen."""
+    launcher = subprocess.Popen([str(_torchrun(tmp_path)), "-c", LAUNCHER], env={**os.environ, **RANK_ENV})
+    reads: list[int] = []
+    real_environ = psutil.Process.environ
+
+    def counted(self: psutil.Process) -> dict[str, str]:
+        reads.append(self.pid)
+        return real_environ(self)
+
+    try:
+        _ranks(launcher.pid, True, 2)  # both ranks and their workers have started
+        time.sleep(0.5)
+        monkeypatch.setattr(psutil.Process, "environ", counted)
+        watch = RankWatch(launcher.pid, True, rescan_s=0.0)
+        watch.poll(0.0)
+        first = len(reads)
+        assert first >= 4 and [r.rank for r in watch.ranks] == [0, 1]  # two ranks, two workers
+        for n in range(1, 6):
+            watch.poll(float(n))
+        assert len(reads) == first, f"{len(reads) - first} environments read again"
+    finally:
+        for child in psutil.Process(launcher.pid).children(recursive=True):
+            child.kill()
+        launcher.kill()
+        launcher.wait()

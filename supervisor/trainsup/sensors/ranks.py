@@ -92,17 +92,33 @@ def _rank_of(proc: psutil.Process) -> int | None:
     return None
 
 
-def find_ranks(root: int, launcher: bool) -> list[Rank]:
+def find_ranks(root: int, launcher: bool, seen: dict[tuple[int, float], int | None] | None = None) -> list[Rank]:
     """The rank processes under ``root`` (trainsup's child), by rank; [] when ``root`` is itself the
-    only trainer."""
+    only trainer. ``seen``: each process's rank as read before (by pid and start time: a process's
+    environment is set when it starts), so that a rescan reads the environment of new processes only
+    (a node of 8 ranks with 8 data-loader workers each is 72 processes, rescanned every second)."""
     try:
         top = psutil.Process(root)
         procs = top.children(recursive=True)
     except psutil.Error:
         return []
     ranks: dict[int, int | None] = {}
+    live: set[tuple[int, float]] = set()
     for proc in procs:
-        ranks[proc.pid] = _rank_of(proc)
+        if seen is None:
+            ranks[proc.pid] = _rank_of(proc)
+            continue
+        try:
+            key = (proc.pid, proc.create_time())
+        except psutil.Error:
+            continue
+        live.add(key)
+        if key not in seen:
+            seen[key] = _rank_of(proc)
+        ranks[proc.pid] = seen[key]
+    if seen is not None and len(seen) > 2 * len(live) + 64:
+        for key in [k for k in seen if k not in live]:
+            del seen[key]  # processes gone (data-loader workers come and go each epoch)
     found: list[Rank] = []
     for proc in procs:
         rank = ranks.get(proc.pid)
@@ -161,6 +177,7 @@ class RankWatch:
         self.ended: list[RankEnd] = []
         self._scanned: float | None = None
         self._boot = _boot_time()
+        self._seen: dict[tuple[int, float], int | None] = {}  # each process's rank, read once
 
     @property
     def ranks(self) -> list[Rank]:
@@ -173,7 +190,7 @@ class RankWatch:
         changed = False
         if self._scanned is None or now - self._scanned >= self.rescan_s:
             self._scanned = now
-            for rank in find_ranks(self.root, self.launcher):
+            for rank in find_ranks(self.root, self.launcher, self._seen):
                 if rank.pid == self.root:
                     changed, self.root_rank = changed or self.root_rank is None, rank
                 elif rank.pid not in self.known and not any(e.rank.pid == rank.pid for e in self.ended):
