@@ -80,11 +80,34 @@ class AtStep(threading.Thread):
         self.at_wall: float | None = None  # the journal's clock, for the time from the act to an event of it
         self.stopped_after: float | None = None
 
-    def hang_said_after(self, run: SupervisedRun) -> float:
-        """Seconds from the act (a SIGSTOP) to the hang's stacks in the journal."""
-        assert self.at_wall is not None
+    def assert_kill_stopped_the_tree(self, run: SupervisedRun, who: str, trainer: str) -> None:
+        """The kill's run finished, every other process of the attempt gone within 5 s of the kill (printed),
+        the trainer's two ranks journaled, and rank 1's end among the first attempt's (rank 0's too when its
+        launcher tore it down before trainsup looked, on a loaded box)."""
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert self.pid is not None and self.stopped_after is not None
+        print(f"{who} rank 1 killed -> every other process of the attempt gone in {self.stopped_after:.2f} s")
+        assert self.stopped_after < 5, self.stopped_after
+        assert run.of("run_start")[0]["trainer"] == trainer
+        assert [r["rank"] for r in run.of("ranks")[0]["ranks"]] == [0, 1]
+        ended = [e for e in run.of("rank_ended") if e["attempt"] == 1]
+        assert any((e["rank"], e["pid"]) == (1, self.pid) for e in ended), ended
+
+    def assert_hang_names_rank_1(self, run: SupervisedRun, who: str, processes: int) -> str:
+        """The stop's (SIGSTOP) run finished after one hang, whose stacks, in the run dir, name rank 1 the
+        straggler and hold at least ``processes`` processes' stacks, the stopped rank's too; prints the time
+        from the stop to the stacks; returns the report."""
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert self.pid is not None and self.at_wall is not None
+        assert [f["class"] for f in run.of("fault")] == ["hang"]
         (stacks,) = run.of("hang_stacks")
-        return float(stacks["ts"]) - self.at_wall
+        print(f"{who} rank 1 stopped -> the hang's stacks taken {float(stacks['ts']) - self.at_wall:.1f} s later")
+        assert stacks["stragglers"] == [1] and stacks["processes"] >= processes
+        assert self.out / ".trainsup" in Path(stacks["path"]).parents
+        report = Path(stacks["path"]).read_text()
+        assert "rank 1 stopped: rank 1 is the straggler" in report
+        assert report.count("=== pid ") >= processes and f"=== pid {self.pid}:" in report
+        return report
 
     def run(self) -> None:
         run_dir = self.out / ".trainsup"
@@ -124,15 +147,7 @@ def test_rank_1_killed_stops_the_whole_tree_within_seconds_and_the_run_ends_as_a
     out = tmp_path / "out"
     kill = AtStep(out, signal.SIGKILL, STEP_120)
     run = supervised(hf_bed, out, tmp_path, "backoff:\n  initial_s: 0.5\n  max_s: 1\nstop:\n  grace_s: 10\n", kill)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert kill.pid is not None and kill.stopped_after is not None
-    print(f"rank 1 killed -> every other process of the attempt gone in {kill.stopped_after:.2f} s")
-    assert kill.stopped_after < 5, kill.stopped_after
-    assert run.of("run_start")[0]["trainer"] == "hf"
-    assert [r["rank"] for r in run.of("ranks")[0]["ranks"]] == [0, 1]
-    ended = [e for e in run.of("rank_ended") if e["attempt"] == 1]
-    # rank 1, killed; rank 0 too when its launcher tore it down before trainsup looked (a loaded box)
-    assert any((e["rank"], e["pid"]) == (1, kill.pid) for e in ended), ended
+    kill.assert_kill_stopped_the_tree(run, "TRL", "hf")
     assert len(run.of("attempt_start")) == 2
     assert run.of("attempt_start")[1]["resume_step"] in (100, 150)
     assert_as_uninterrupted(hf_bed, out, reference)
@@ -146,15 +161,7 @@ def test_rank_1_stopped_is_a_hang_naming_it_the_straggler_then_resumed_as_an_uni
     # may take longer than that to its first step)
     policy = "backoff:\n  initial_s: 0.5\n  max_s: 1\nstop:\n  grace_s: 3\nhang:\n  min_timeout_s: 8\n"
     run = supervised(hf_bed, out, tmp_path, policy, stop)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert stop.pid is not None
-    assert [f["class"] for f in run.of("fault")] == ["hang"]
-    print(f"rank 1 stopped -> the hang's stacks taken {stop.hang_said_after(run):.1f} s later")
-    (stacks,) = run.of("hang_stacks")
-    assert stacks["stragglers"] == [1] and stacks["processes"] >= 3  # torchrun and both ranks, at least
-    report = Path(stacks["path"]).read_text()
-    assert "rank 1 stopped: rank 1 is the straggler" in report
-    assert report.count("=== pid ") >= 3 and f"=== pid {stop.pid}:" in report
+    stop.assert_hang_names_rank_1(run, "TRL", 3)  # torchrun and both ranks, at least
     assert_as_uninterrupted(hf_bed, out, reference)
 
 
