@@ -161,3 +161,15 @@ def test_a_rank_waits_in_a_collective_of_torch_distributed_or_of_ddp_itself() ->
                               "DistributedDataParallel.forward (torch/nn/parallel/distributed.py:1840)",
                               "train (train_textual_inversion.py:602)")) == "DistributedDataParallel._pre_forward"
     assert collective_of(dump("forward (model.py:10)", "train (train.py:5)")) is None
+
+
+def test_after_the_last_step_the_finishing_phase_gets_the_phase_timeout() -> None:
+    """The final weights, a last evaluation and the ranks' teardown print nothing for a while: past the last
+    step the training timeout (a few steps' time) no longer applies."""
+    clock = HangClock(POLICY, now=0)
+    for step in range(1, 11):
+        clock.on_step(step, float(step), total=20)
+    assert clock.phase == "training" and clock.timeout() == 300
+    clock.on_step(20, 20.0, total=20)
+    assert clock.phase == "finishing" and clock.timeout() == POLICY.phase_timeout_s
+    assert clock.overdue(20.0 + 1000) is None and clock.overdue(20.0 + 1801) is not None

@@ -155,7 +155,7 @@ class Attempt:
                 if self.nan_step is None and p.loss is not None and math.isnan(p.loss):
                     self.nan_step = p.step
                 if self.hang_clock is not None:
-                    self.hang_clock.on_step(p.step, self.clock(), f"steps {p.step}/{p.total}")
+                    self.hang_clock.on_step(p.step, self.clock(), f"steps {p.step}/{p.total}", p.total)
             case PhaseEntered(phase=phase, line=line):
                 if self.hang_clock is not None:
                     self.hang_clock.enter(phase, self.clock(), line)

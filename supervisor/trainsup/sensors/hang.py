@@ -10,7 +10,10 @@ is not progress. How long the trainer may go without progress depends on where i
 - training: ``max(min_timeout_s, step_factor x the 95th percentile of observed step times)``, the
   start-up timeout until a step time was observed (steps that included a sampling pass or a save
   do not count: their time is the phase's);
-- sampling and saving: ``phase_timeout_s``, renewed by every line the phase prints.
+- sampling and saving: ``phase_timeout_s``, renewed by every line the phase prints;
+- finishing, once the ``steps`` bar reached its total: ``phase_timeout_s`` (the final weights written,
+  a last evaluation, the ranks' teardown: seen, a rank 0 of TRL's two gloo ranks 8 s and more in its
+  exit after rank 1 had ended, printing nothing).
 
 ``timeout_s`` set fixes one timeout for every phase. Pure: callers pass the time.
 """
@@ -23,7 +26,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-PHASES = ("startup", "training", "sampling", "saving")
+PHASES = ("startup", "training", "sampling", "saving", "finishing")
 
 
 @dataclass(frozen=True)
@@ -58,15 +61,16 @@ class HangClock:
         """The last step the ``steps`` bar showed."""
         return self._step
 
-    def on_step(self, step: int, now: float, line: str = "") -> None:
-        """The ``steps`` bar showed ``step``; a new step is progress and ends a sampling or saving phase."""
+    def on_step(self, step: int, now: float, line: str = "", total: int | None = None) -> None:
+        """The ``steps`` bar showed ``step`` (of ``total``, where known); a new step is progress and ends a
+        sampling or saving phase; the last one begins the finishing phase."""
         if self._step is not None and step == self._step:
             return  # a redraw of the same step (a postfix update, the bar closing) is not progress
         if self.phase == "training" and self._step_at is not None and self._step is not None and step > self._step:
             # steps that included a sampling pass or a save (or start-up) say nothing of step time
             self._step_times.append((now - self._step_at) / (step - self._step))
         self._step, self._step_at = step, now
-        self.phase = "training" if step > 0 else self.phase
+        self.phase = "finishing" if total and step >= total else "training" if step > 0 else self.phase
         self._progress(now, line)
 
     def on_activity(self, now: float, line: str = "") -> None:
@@ -84,7 +88,7 @@ class HangClock:
         p = self.policy
         if p.timeout_s is not None:
             return p.timeout_s
-        if self.phase in ("sampling", "saving"):
+        if self.phase in ("sampling", "saving", "finishing"):
             return p.phase_timeout_s
         if self.phase == "startup" or len(self._step_times) < 1:
             return p.startup_timeout_s
