@@ -287,3 +287,35 @@ def test_a_rescan_reads_the_environment_of_new_processes_only(tmp_path: Path, mo
             child.kill()
         launcher.kill()
         launcher.wait()
+
+
+def test_each_attempt_says_the_rank_whose_death_stops_it(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Rank 1 killed in two attempts: each attempt's console says it once (the ranks stopped after it are
+    journaled, not said)."""
+    run_dir = tmp_path / "run"
+    spec = RunSpec((str(_torchrun(tmp_path)), "-c", LAUNCHER), tmp_path, run_dir, {**os.environ, **RANK_ENV}, False,
+                   None)
+    sup = Supervisor(spec, parse_policy("restart:\n  max: 1\nbackoff:\n  initial_s: 0.1\nstop:\n  grace_s: 5\n",
+                                        "policy.yaml"))
+    killed: list[int] = []
+
+    def kill_rank_1_of_each_attempt() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(killed) < 2:
+            events = read_events(run_dir) if (run_dir / "events.jsonl").exists() else []
+            found = [e for e in events if e["event"] == "ranks" and e["attempt"] == len(killed) + 1]
+            if found and len(found[-1]["ranks"]) == 2:
+                pid = next(r["pid"] for r in found[-1]["ranks"] if r["rank"] == 1)
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            time.sleep(0.1)
+
+    killer = threading.Thread(target=kill_rank_1_of_each_attempt, daemon=True)
+    killer.start()
+    sup.run()
+    killer.join()
+    said = capsys.readouterr().err
+    assert len(killed) == 2, said
+    for attempt, pid in enumerate(killed, start=1):
+        assert said.count(f"attempt {attempt}: rank 1 (pid {pid}) was killed by SIGKILL while its launcher still "
+                          "runs: stopping every process of the attempt") == 1, said

@@ -53,13 +53,14 @@ class Reactions:
         self.begun_at = time.time()  # the attempt's launch (wall clock: the dumps' times are)
         self._status_written = float("-inf")
         self._states_looked = float("-inf")
-        self._said_rank_stop = False  # the first rank that died is said; the ones its launcher stopped, journaled
+        self._said_rank_stop = False  # an attempt's first rank that died is said; the ones stopped after, journaled
         self._progress_said = float("-inf")  # --quiet: when the last progress line was said
 
     def begin(self, attempt: int, resume_step: int) -> None:
         self.attempt_no, self.resume_step = attempt, resume_step
         self.oom_kills_at_launch = oom_kills()
         self.begun_at = time.time()
+        self._said_rank_stop = False
 
     def nccl_dumps(self) -> list[str]:
         """The NCCL flight recorder's dumps this attempt left in the run dir (``spec.flight_recorder_env``)."""
