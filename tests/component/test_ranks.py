@@ -319,3 +319,70 @@ def test_each_attempt_says_the_rank_whose_death_stops_it(tmp_path: Path, capsys)
     for attempt, pid in enumerate(killed, start=1):
         assert said.count(f"attempt {attempt}: rank 1 (pid {pid}) was killed by SIGKILL while its launcher still "
                           "runs: stopping every process of the attempt") == 1, said
+
+
+# Rank 0 finishes (the success line, exit 0); rank 1 never leaves its teardown (seen: a rank of TRL's gloo
+# ranks idle in its interpreter's exit for good once rank 0 had exited). The launcher waits for both.
+STUCK_AT_EXIT_LAUNCHER = """
+import os, subprocess, sys, time
+rank_code = '''
+import os, time
+print(f"rank {os.environ['RANK']} step 1", flush=True)
+time.sleep(2.5)  # found by trainsup (it looks once a second)
+if os.environ["RANK"] == "0":
+    print("run finished", flush=True)
+else:
+    time.sleep(600)
+'''
+ranks = []
+for rank in (0, 1):
+    env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2")
+    ranks.append(subprocess.Popen([os.environ["RANK_PYTHON"], "-c", rank_code], env=env))
+codes = [os.waitpid(-1, 0)[1] for _ in ranks]
+sys.exit(1 if any(codes) else 0)
+"""
+
+
+def test_a_rank_stuck_in_its_exit_after_the_run_finished_is_stopped_and_the_run_ends_finished(
+        tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from trainsup.run import attempt
+
+    monkeypatch.setattr(attempt, "RANKS_EXIT_GRACE_S", 2.0)  # 30 s in the product
+    run_dir = tmp_path / "run"
+    spec = RunSpec((str(_torchrun(tmp_path)), "-c", STUCK_AT_EXIT_LAUNCHER), tmp_path, run_dir,
+                   {**os.environ, **RANK_ENV}, False, None, trainer={"success": "^run finished$"})
+    started = time.monotonic()
+    code = Supervisor(spec, parse_policy("restart:\n  max: 0\nstop:\n  grace_s: 2\n", "policy.yaml")).run()
+    took = time.monotonic() - started
+    events = read_events(run_dir)
+    (attempt_end,) = [e for e in events if e["event"] == "attempt_end"]
+    assert attempt_end["planned_stop"] == "stuck_at_exit", attempt_end
+    assert [e["event"] for e in events][-1] == "finished" and code == 0, events[-3:]
+    assert not [e for e in events if e["event"] == "fault"]
+    said = [e["message"] for e in events if e["event"] == "info" and "stuck in its teardown" in e.get("message", "")]
+    assert len(said) == 1 and "the run is done" in said[0], said
+    assert took < 30, took
+    assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and "rank_code" in
+                " ".join(p.info["cmdline"]) and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_without_a_success_line_the_last_step_and_a_rank_seen_to_exit_0_are_the_end(
+        tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """No success line (the Hugging Face Trainer prints none): the steps bar at its total and rank 0's exit 0,
+    read from its zombie, say the run is done; rank 1, idle in its teardown, is stopped."""
+    from trainsup.run import attempt
+
+    monkeypatch.setattr(attempt, "RANKS_EXIT_GRACE_S", 2.0)
+    launcher = STUCK_AT_EXIT_LAUNCHER.replace('print("run finished", flush=True)',
+                                              'print("step 1/2", flush=True); print("step 2/2", flush=True)')
+    launcher = launcher.replace("codes = [os.waitpid(-1, 0)[1] for _ in ranks]", "codes = [ranks[1].wait()]")
+    run_dir = tmp_path / "run"
+    spec = RunSpec((str(_torchrun(tmp_path)), "-c", launcher), tmp_path, run_dir, {**os.environ, **RANK_ENV}, False,
+                   None, trainer={"progress": r"^step (?P<step>\d+)/(?P<total>\d+)$"})
+    code = Supervisor(spec, parse_policy("restart:\n  max: 0\nstop:\n  grace_s: 2\n", "policy.yaml")).run()
+    events = read_events(run_dir)
+    ended = {e["rank"]: e for e in events if e["event"] == "rank_ended"}
+    assert ended[0]["exit_code"] == 0, ended
+    (attempt_end,) = [e for e in events if e["event"] == "attempt_end"]
+    assert attempt_end["planned_stop"] == "stuck_at_exit" and attempt_end["step"] == 2, attempt_end
+    assert [e["event"] for e in events][-1] == "finished" and code == 0, events[-3:]

@@ -176,7 +176,8 @@ SECTIONS: Final = (
               "nccl_dumps?: the NCCL flight recorder's dumps the attempt left in `RUN_DIR/nccl/` (a launch of "
               "ranks; PyTorch writes them when its watchdog times out)",
               "planned_stop?: `run_complete`: trainsup stopped the trainer once the last step was saved; "
-              "`relaunch`: to relaunch it from a complete state, for an edit or an sd-scripts segment; else "
+              "`relaunch`: to relaunch it from a complete state, for an edit or an sd-scripts segment; "
+              "`stuck_at_exit`: the run had finished and ranks stuck in their teardown were stopped; else "
               "`null`",
               "supervisor_lost?: `true` when written by the next supervisor for an attempt whose supervisor "
               "died"),

@@ -37,6 +37,7 @@ from .events import (
     ProgressSeen,
     RankEnded,
     RanksFound,
+    RanksStuckAtExit,
     RunComplete,
     StopForChange,
     StopRequested,
@@ -46,6 +47,9 @@ from .observe import Observations, OutputParser
 from .pump import AttemptLog, Pump
 
 RANK_GRACE_S = 1.0  # after a rank died: the launcher's time to say how, before its group is stopped
+# after the run's success line and a rank's clean exit: the other ranks' time to exit before they are stopped
+# (seen: a rank of TRL's two gloo ranks idle in its interpreter's exit for good once rank 0 had exited)
+RANKS_EXIT_GRACE_S = 30.0
 
 
 @dataclass(kw_only=True)
@@ -60,6 +64,7 @@ class AttemptResult:
     nan_progress_step: int | None  # attempt-relative bar step where the loss first showed NaN
     stopped_for_change: bool = False  # stopped on purpose (at a checkpoint) to apply an edit
     completed: bool = False  # stopped on purpose: the last step's state is complete, the run is done
+    stuck_at_exit: bool = False  # the run had finished; ranks stuck in their teardown were stopped
     rank_end: RankEnd | None = None  # the rank whose end stopped the launcher's whole group
 
 
@@ -106,10 +111,13 @@ class Attempt:
         self.killed = False
         self.stopped_for_change = False
         self.completed = False
+        self.stuck_at_exit = False
         self.hang_clock: HangClock | None = None  # from the start
         self.rank_watch: RankWatch | None = None
         self.rank_end: RankEnd | None = None  # the first rank that ended badly (or unknown) under the launcher
         self.rank_end_at = 0.0
+        self.rank_exited_0_at: float | None = None  # when the first rank was seen to exit 0
+        self.rank_ended_unread_at: float | None = None  # when the first rank ended, how not known
         self.stopped_for_rank = False
         self.hang_evidence: Evidence | None = None
         self._activity_seen: float | None = None
@@ -212,8 +220,13 @@ class Attempt:
             self.events.put(RanksFound(tuple(r.record() for r in self.rank_watch.ranks)))
         for end in ends:
             self.events.put(RankEnded(end))
+            if end.failed is False and self.rank_exited_0_at is None:
+                self.rank_exited_0_at = now
+            if end.failed is None and self.rank_ended_unread_at is None:
+                self.rank_ended_unread_at = now
             if end.failed is not False and (self.rank_end is None or (end.failed and not self.rank_end.failed)):
                 self.rank_end, self.rank_end_at = end, now  # a known failure over an end not known
+        self._stop_ranks_stuck_at_exit(now)
         if self.rank_end is None:
             return
         said = self.scanner.child_status
@@ -223,6 +236,23 @@ class Attempt:
         if now - self.rank_end_at >= RANK_GRACE_S:
             self.stopped_for_rank = True
             self._stop(signal.SIGTERM)
+
+    def _stop_ranks_stuck_at_exit(self, now: float) -> None:
+        """The run is done and a rank ended cleanly, and the other ranks have not exited
+        ``RANKS_EXIT_GRACE_S`` later: they are stuck in their teardown (a process group's peer gone), not
+        training; the attempt stops them and ends as finished. Done: the trainer's success line, after
+        which a rank's end that could not be read counts; or the steps bar at its total, after which only a
+        rank seen to exit 0 does (one that crashed in the final save reads the same as one that finished)."""
+        assert self.rank_watch is not None
+        at_total = self.hang_clock is not None and self.hang_clock.phase == "finishing"
+        ended = [t for t in (self.rank_exited_0_at if self.obs.success_seen or at_total else None,
+                             self.rank_ended_unread_at if self.obs.success_seen else None) if t is not None]
+        if self.completed or self.stuck_at_exit or not ended or not self.rank_watch.known \
+                or now - min(ended) < RANKS_EXIT_GRACE_S:
+            return
+        self.events.put(RanksStuckAtExit(tuple(sorted(self.rank_watch.known)), round(now - min(ended), 1)))
+        self.stuck_at_exit = True
+        self._stop(signal.SIGTERM)
 
     @property
     def ranks(self) -> list[Rank]:
@@ -260,7 +290,7 @@ class Attempt:
         assert self.child is not None
         exit_code, sig = process.exit_signal(self.child.popen.returncode)
         obs, scanner = self.parser.obs, self.scanner
-        success = self.completed or obs.success_seen or (exit_code == 0 and success_fallback())
+        success = self.completed or self.stuck_at_exit or obs.success_seen or (exit_code == 0 and success_fallback())
         obs.child_status, obs.child_signal = scanner.child_status or (None, None)
         rank_end = self.rank_end if self.stopped_for_rank else None
         if rank_end is not None:
@@ -269,7 +299,7 @@ class Attempt:
             if scanner.child_status is None:
                 obs.child_status, obs.child_signal = rank_end.exit_code, rank_end.signal
         info = ExitInfo(exit_code, sig, obs.child_status, obs.child_signal, success)
-        if self.stop_signal is not None or self.stopped_for_change or self.completed:
+        if self.stop_signal is not None or self.stopped_for_change or self.completed or self.stuck_at_exit:
             fault = None
         elif self.stopped_live is not None:
             fault = self.stopped_live
@@ -282,7 +312,7 @@ class Attempt:
         return AttemptResult(exit_code=exit_code, signal=sig, obs=obs, fault=fault, evidence=evidence,
                              uptime_s=(self.exited_at or self.clock()) - self.started, stop_signal=self.stop_signal,
                              nan_progress_step=self.nan_step, stopped_for_change=self.stopped_for_change,
-                             completed=self.completed, rank_end=rank_end)
+                             completed=self.completed, stuck_at_exit=self.stuck_at_exit, rank_end=rank_end)
 
 
 def run_attempt(launch: AttemptSpec, scanner: FaultScanner, events: EventQueue, *,

@@ -262,6 +262,8 @@ class Supervisor:
                 self.reactions.ranks_found(ranks)
             case ev.RankEnded(end=end):
                 self.reactions.rank_ended(end)
+            case ev.RanksStuckAtExit(pids=pids, waited_s=waited_s):
+                self.reactions.ranks_stuck_at_exit(pids, waited_s)
             case ev.EvidenceSeen(evidence=evidence) if evidence.fault in self._live:
                 self.reactions.evidence(evidence)
                 if attempt is not None:

@@ -132,8 +132,18 @@ class RankEnded:
     end: RankEnd
 
 
+@dataclass(frozen=True)
+class RanksStuckAtExit:
+    """The run said it finished and a rank exited cleanly, but these ranks had not exited ``waited_s``
+    later: the attempt stops them and ends as finished."""
+
+    pids: tuple[int, ...]
+    waited_s: float
+
+
 Event: TypeAlias = (Eof | StopRequested | ProgressSeen | PhaseEntered | SummarySeen | StateDone | EvidenceSeen
-                    | FileChanged | GpuSampled | StopForChange | RunComplete | RanksFound | RankEnded)
+                    | FileChanged | GpuSampled | StopForChange | RunComplete | RanksFound | RankEnded
+                    | RanksStuckAtExit)
 EventQueue = queue.SimpleQueue[Event]
 
 

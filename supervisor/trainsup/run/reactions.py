@@ -87,6 +87,12 @@ class Reactions:
             say(f"attempt {self.attempt_no}: {end.says()} while its launcher still runs: stopping every process "
                 "of the attempt")
 
+    def ranks_stuck_at_exit(self, pids: tuple[int, ...], waited_s: float) -> None:
+        message = (f"training finished and a rank exited cleanly, but pid {', '.join(map(str, pids))} had not "
+                   f"exited {waited_s:g} s later (stuck in its teardown): stopping it, the run is done")
+        self.ctx.journal.event(kinds.INFO, attempt=self.attempt_no, message=message)
+        say(f"attempt {self.attempt_no}: {message}")
+
     def absolute(self, step: int) -> int:
         """The true step of a step the trainer printed (kohya counts from its resume point)."""
         return step if self.ctx.trainer.output.absolute_steps else self.resume_step + step
@@ -173,8 +179,9 @@ class Reactions:
                           child_status=r.obs.child_status, child_signal=r.obs.child_signal,
                           uptime_s=round(r.uptime_s, 3), steps_trained=trained,
                           step=self.resume_step + trained, skipped_lines=r.obs.skipped_lines, gpu=peaks,
+                          # trainsup stopped it on purpose: its signal is no fault
                           planned_stop="run_complete" if r.completed else "relaunch" if r.stopped_for_change
-                          else None,  # trainsup stopped it on purpose: its signal is no fault
+                          else "stuck_at_exit" if r.stuck_at_exit else None,
                           **({"rank_ended": r.rank_end.rank.rank if r.rank_end.rank.rank is not None else "trainer"}
                              if r.rank_end is not None else {}),
                           **({"nccl_dumps": dumps} if (dumps := self.nccl_dumps()) else {}))
