@@ -219,6 +219,16 @@ def test_a_launch_of_ranks_gets_the_nccl_flight_recorder_into_the_run_dir_unless
     assert "TORCH_NCCL_DUMP_ON_TIMEOUT=None" in (plain / "attempt-1.log").read_text()
 
 
+# The stand-in launchers' end: start both ranks, reap each the moment it ends (as torchrun's agent does).
+REAPS_AT_ONCE = """
+ranks = []
+for rank in (0, 1):
+    env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2")
+    ranks.append(subprocess.Popen([os.environ["RANK_PYTHON"], "-c", rank_code], env=env))
+codes = [os.waitpid(-1, 0)[1] for _ in ranks]
+sys.exit(1 if any(codes) else 0)
+"""
+
 # Ranks reaped the moment they end (as torchrun's agent does), so trainsup cannot read how one ended: rank 1
 # is done first and exits 0 while rank 0 still writes the final weights, for longer than a second or five.
 REAPING_LAUNCHER = """
@@ -236,13 +246,7 @@ if os.environ["RANK"] == "0":
             time.sleep(0.1)
         final.write("end\\\\n")
 '''
-ranks = []
-for rank in (0, 1):
-    env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2")
-    ranks.append(subprocess.Popen([os.environ["RANK_PYTHON"], "-c", rank_code], env=env))
-codes = [os.waitpid(-1, 0)[1] for _ in ranks]
-sys.exit(1 if any(codes) else 0)
-"""
+""" + REAPS_AT_ONCE
 
 
 def test_a_rank_that_ends_first_unread_does_not_stop_rank_0_writing_the_final_weights(tmp_path: Path) -> None:
@@ -334,13 +338,7 @@ if os.environ["RANK"] == "0":
 else:
     time.sleep(600)
 '''
-ranks = []
-for rank in (0, 1):
-    env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2")
-    ranks.append(subprocess.Popen([os.environ["RANK_PYTHON"], "-c", rank_code], env=env))
-codes = [os.waitpid(-1, 0)[1] for _ in ranks]
-sys.exit(1 if any(codes) else 0)
-"""
+""" + REAPS_AT_ONCE
 
 
 def test_a_rank_stuck_in_its_exit_after_the_run_finished_is_stopped_and_the_run_ends_finished(
