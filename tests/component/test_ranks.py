@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 
+from tests.conftest import diagnose_json
 from trainsup.record.journal import read_events
 from trainsup.run.engine import Supervisor
 from trainsup.run.policy import parse_policy
@@ -26,19 +27,34 @@ from trainsup.run.spec import RunSpec
 from trainsup.sensors.ranks import RankWatch, find_ranks, is_launcher
 
 # Two ranks (RANK, LOCAL_RANK, as torchrun sets them), each with a worker that inherits its environment;
-# the launcher waits forever, whatever happens to them.
+# the launcher waits forever, whatever happens to them. Rank 0 holds the read end of a pipe whose write end
+# only rank 1 holds: when rank 1 dies, rank 0 at once fails as gloo's ranks do on losing a peer (a
+# traceback, exit 1), well before trainsup's second of grace is up.
 LAUNCHER = """
 import os, subprocess, sys, time
 rank_code = '''
-import os, subprocess, sys, time
+import os, subprocess, sys, threading, time
 subprocess.Popen([os.environ["RANK_PYTHON"], "-c", "import time; time.sleep(600)"])  # a data-loader worker
+def lose_peer(fd):
+    os.read(fd, 1)  # end of file: rank 1 is gone
+    print("Traceback (most recent call last):", file=sys.stderr)
+    print('  File "/runs/train.py", line 41, in <module>', file=sys.stderr)
+    print("    dist.all_reduce(loss)", file=sys.stderr)
+    print("RuntimeError: [/src/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:41097",
+          file=sys.stderr, flush=True)
+    os._exit(1)
+if os.environ["RANK"] == "0":
+    threading.Thread(target=lose_peer, args=(int(os.environ["PEER_FD"]),), daemon=True).start()
 for step in range(1, 100000):
     print(f"rank {os.environ['RANK']} step {step}", flush=True)
     time.sleep(0.2)
 '''
-for rank in (0, 1):
-    env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2")
-    subprocess.Popen([os.environ["RANK_PYTHON"], "-c", rank_code], env=env)
+peer_read, peer_write = os.pipe()
+for rank, fd in ((0, peer_read), (1, peer_write)):
+    env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", PEER_FD=str(fd))
+    subprocess.Popen([os.environ["RANK_PYTHON"], "-c", rank_code], env=env, pass_fds=(fd,))
+os.close(peer_read)
+os.close(peer_write)
 time.sleep(600)
 """
 
@@ -84,7 +100,7 @@ def test_ranks_are_found_by_their_environment_and_a_worker_is_not_one(tmp_path: 
         while not ends and time.monotonic() < deadline:
             ends = watch.poll(time.monotonic())[0]
             time.sleep(0.05)
-        (end,) = ends
+        end = ends[0]  # rank 0 may have failed for its lost peer in the same poll: rank 1 is the first
         # never reaped by this launcher: a zombie whose status says how it ended
         assert (end.rank.rank, end.signal, end.failed) == (1, signal.SIGKILL, True)
         assert end.says() == f"rank 1 (pid {found[1][1]}) was killed by SIGKILL"
@@ -129,11 +145,15 @@ def test_a_rank_killed_under_a_launcher_that_waits_on_stops_the_whole_tree_withi
     events = read_events(run_dir)
     (ranks,) = [e for e in events if e["event"] == "ranks"][-1:]
     assert [r["rank"] for r in ranks["ranks"]] == [0, 1]
-    (rank_end,) = [e for e in events if e["event"] == "rank_ended"]
+    rank_end = next(e for e in events if e["event"] == "rank_ended")  # rank 0's exit 1 may follow
     assert (rank_end["rank"], rank_end["pid"], rank_end["signal"]) == (1, killed["pid"], signal.SIGKILL)
     (attempt_end,) = [e for e in events if e["event"] == "attempt_end"]
     assert attempt_end["rank_ended"] == 1 and attempt_end["child_signal"] == signal.SIGKILL
+    # rank 0's traceback for its lost peer is in the log, and gives way to the kill that caused it
+    assert "Connection closed by peer" in (run_dir / "attempt-1.log").read_text()
     assert [e["class"] for e in events if e["event"] == "fault"] == ["host_oom_killed"]
+    offline = diagnose_json(run_dir / "attempt-1.log")
+    assert offline["fault"] == "host_oom_killed" and "rank 1" in offline["evidence"], offline
     assert int(killed["tree"]) == 4  # the launcher's two ranks and their workers were there
     assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and "rank_code" in
                 " ".join(p.info["cmdline"])]

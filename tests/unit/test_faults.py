@@ -345,8 +345,8 @@ def test_classify_text_splits_carriage_returns() -> None:
 
 # --- exit status ----------------------------------------------------------------------
 
-def _ev(fault: str, strength: str = "root", anchored: bool = True) -> Evidence:
-    return Evidence(fault, "x", 1, strength, anchored=anchored, live=fault == "nan_loss")
+def _ev(fault: str, strength: str = "root", anchored: bool = True, consequence: bool = False) -> Evidence:
+    return Evidence(fault, "x", 1, strength, anchored=anchored, live=fault == "nan_loss", consequence=consequence)
 
 
 @pytest.mark.parametrize(
@@ -360,6 +360,9 @@ def _ev(fault: str, strength: str = "root", anchored: bool = True) -> Evidence:
         # A line printed before a kill (no traceback of its own) did not end the run: the kill did.
         (ExitInfo(1, None, None, 9, False), _ev("missing_dependency", anchored=False), "host_oom_killed"),
         (ExitInfo(1, None, 2, None, False), _ev("config_error", anchored=False), "config_error"),
+        # A rank killed -9: the other ranks' traceback for their lost peer is its consequence, not the cause.
+        (ExitInfo(1, None, None, 9, False), _ev("nccl_error", consequence=True), "host_oom_killed"),
+        (ExitInfo(1, None, 1, None, False), _ev("nccl_error", consequence=True), "nccl_error"),
         # A finished run is clean whatever it printed on the way; a live fault still counts.
         (ExitInfo(0, None, None, None, True), _ev("missing_dependency", anchored=False), None),
         (ExitInfo(0, None, None, None, True), _ev("cuda_oom"), None),

@@ -233,7 +233,9 @@ def journaled_ending(path: Path) -> tuple[str, str] | None:
         return None
     sig = end.get("signal") or end.get("child_signal")
     how = f"signal {sig}" if sig else f"exit {end.get('exit_code')}"
-    return fault["class"], f"(the run's journal: attempt {attempt} ended by {how})"
+    rank = end.get("rank_ended")
+    who = f" as its rank {rank} did," if isinstance(rank, int) else f" as its {rank} did," if rank else ""
+    return fault["class"], f"(the run's journal: attempt {attempt} ended{who} by {how})"
 
 
 def journaled_remedy(path: Path) -> str | None:
@@ -269,11 +271,16 @@ def diagnose_scan(name: str, scan: LogScan, rules: Sequence[FaultRule] = BUILTIN
                   command: list[str] | None = None, allow_upgrade: bool = True,
                   journaled: tuple[str, str] | None = None) -> Diagnosis:
     """The diagnosis of one scanned log; ``journaled``: what the run's journal says of its end,
-    used when the log itself holds no evidence."""
+    used when the log itself holds no evidence, or only a collective's failure the journal explains
+    otherwise."""
     diagnosis = Diagnosis(name, success=scan.success)
     verdict = scan.verdict
     groups: Mapping[str, str] = {}  # the named groups of the rule that recognised the evidence
-    if verdict is not None and (not scan.success or verdict.live):
+    # A collective's failure gives way to the journal's other ending: the attempt's rank watch saw the rank
+    # that was the cause (killed -9: the log holds only the other ranks' lost peer).
+    overruled = (verdict is not None and verdict.consequence and journaled is not None
+                 and journaled[0] != verdict.fault)
+    if verdict is not None and (not scan.success or verdict.live) and not overruled:
         # A run that finished is clean whatever it printed on the way; only a live fault counts.
         diagnosis.fault, diagnosis.line = verdict.fault, verdict.lineno
         diagnosis.evidence, groups = strip_ansi(verdict.line), verdict.groups
