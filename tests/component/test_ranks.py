@@ -109,6 +109,45 @@ def test_ranks_are_found_by_their_environment_and_a_worker_is_not_one(tmp_path: 
         launcher.wait()
 
 
+# A launcher whose ranks stay a while between fork and exec (as under load): until the exec, a child shows
+# the launcher's environment, with no rank in it. Each rank then starts a data-loader worker.
+SLOW_EXEC_LAUNCHER = """
+import os, sys, time
+rank_code = ("import subprocess, sys, time; "
+             "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); time.sleep(600)")
+for rank in (0, 1):
+    if os.fork() == 0:
+        time.sleep(1.5)
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2")
+        os.execve(os.environ["RANK_PYTHON"], [os.environ["RANK_PYTHON"], "-c", rank_code], env)
+time.sleep(600)
+"""
+
+
+def test_a_rank_read_between_its_fork_and_exec_is_read_again_once_it_runs(tmp_path: Path) -> None:
+    launcher = psutil.Popen([str(_torchrun(tmp_path)), "-c", SLOW_EXEC_LAUNCHER], start_new_session=True,
+                            stdout=subprocess.DEVNULL, env={**os.environ, **RANK_ENV})
+    try:
+        watch = RankWatch(launcher.pid, True, rescan_s=0.0)
+        deadline, seen_before_exec = time.monotonic() + 20, False
+        while time.monotonic() < deadline:
+            watch.poll(time.monotonic())
+            children = launcher.children()
+            seen_before_exec = seen_before_exec or (len(children) == 2 and bool(watch.ranks))
+            if sorted(r.rank for r in watch.ranks if r.rank is not None) == [0, 1] and \
+                    all(len(psutil.Process(r.pid).children()) == 1 for r in watch.ranks):
+                break
+            time.sleep(0.05)
+        time.sleep(0.5)
+        watch.poll(time.monotonic())
+        assert seen_before_exec, "the forked children were never read before their exec"
+        # the two ranks by their numbers, each the launcher's child; no guess, no worker among them
+        assert [(r.rank, psutil.Process(r.pid).ppid()) for r in watch.ranks] == [(0, launcher.pid), (1, launcher.pid)]
+    finally:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+
+
 def test_a_rank_killed_under_a_launcher_that_waits_on_stops_the_whole_tree_within_seconds(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     spec = RunSpec((str(_torchrun(tmp_path)), "-c", LAUNCHER), tmp_path, run_dir, {**os.environ, **RANK_ENV}, False,

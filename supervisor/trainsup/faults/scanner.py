@@ -32,6 +32,7 @@ import itertools
 import re
 from collections import deque
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 from .ending import EXCEPTION, LAUNCHER_EXCEPTIONS, SIGNAL_DEATH, LineReads, ending, wanted
 from .exits import SIGNAL_LINE, STATUS_LINE, TORCHRUN_LINE, ExitInfo, classify_exit, parse_child_status
@@ -61,6 +62,8 @@ __all__ = [
 _IGNORED = tuple(re.compile(p) for p in IGNORED_LINE_PATTERNS)
 _TB, _FR, _ST, _END, _CHAIN = -1, -2, -3, -5, -6  # owners of the structural patterns in the key index
 _HINT = -100  # frame rule j's hint is owned by _HINT - j
+# torchrun's failure table names a rank on its own row, just above the rank's exit code
+_TABLE_RANK = re.compile(r"^\s*rank\s+: \d+")
 _MAX_ROWS = 4  # rows of one wrapped message worth rejoining
 _MAX_ROW = 512  # longer lines are not rows rich wrapped at 80 columns: never rejoined
 # Fault messages sit at the start of a line (or right after a glued bar) and are
@@ -273,7 +276,7 @@ class FaultScanner:
     def _scan(self, text: str, raw: str, lineno: int) -> tuple[Evidence | None, bool]:
         """Slow path for a line holding a key: traceback structure, status, then rules."""
         candidates = self._index.candidates(text)
-        structural = ended = False
+        structural = ended = killed = False
         for k in candidates:
             owner = self._owner[k]
             if owner == _TB and TRACEBACK.search(text):
@@ -287,6 +290,7 @@ class FaultScanner:
                 return _framed(framed), True
             elif owner == _ST and (status := parse_child_status(text)) is not None:
                 self._child = status
+                killed = status[1] == 9
             elif owner == _END and not ended:
                 ended = self._patterns[k].search(text) is not None
         # A frame rule's hint counts in the code the innermost frame quotes too (``te_outputs[prompt]``).
@@ -304,7 +308,18 @@ class FaultScanner:
             if ended and hinted is None and not launcher:
                 return self._ending(text, raw, lineno), structural
             return hinted, structural
-        return self._evidence(found[0], raw, lineno, self._tb.in_traceback(raw, lineno), found[2]), structural
+        ev = self._evidence(found[0], raw, lineno, self._tb.in_traceback(raw, lineno), found[2])
+        if killed:
+            self._held.note_launcher_kill(self._with_table_rank(ev))
+        return ev, structural
+
+    def _with_table_rank(self, ev: Evidence) -> Evidence:
+        """A kill in torchrun's failure table, with the row above it that names the rank (``rank : 1
+        (local_rank: 1)``): its evidence then says which rank was killed. Any other report, as it is."""
+        above = next((raw for raw, n in self._reads.last_lines if n == ev.lineno - 1), None)
+        if above is None or _TABLE_RANK.match(clean_line(above)) is None:
+            return ev
+        return replace(ev, line=f"{above}\n{ev.line}", lineno=ev.lineno - 1)
 
     def _evidence(self, rule: FaultRule, line: str, lineno: int, anchored: bool,
                   groups: dict[str, str]) -> Evidence:

@@ -17,7 +17,9 @@
 
 Whichever that is, a collective's failure (``FaultRule.consequence``: a timeout, a lost peer) gives way to an
 exception line no rule names, or a traceback judged by its frames, seen before it: the rank that failed first
-(the others only waited for it, printing their timeouts minutes later, in any order in interleaved output).
+(the others only waited for it, printing their timeouts minutes later, in any order in interleaved output);
+else to a launcher's report that a rank was killed by SIGKILL, wherever it stands (a rank killed outright
+prints nothing; torchrun reports it in its failure table, after the others' tracebacks).
 
 Each candidate remembers the progress seen when it was recorded; progress after it means it did
 not end the run and drops it (``live`` stays):
@@ -120,6 +122,7 @@ class Held:
         self.bar: str | None = None  # the newest line of the trainer's progress seen (parsed when needed)
         self._drawn: str | None = None  # the newest bar of any kind seen
         self._metrics = 0  # metric lines seen
+        self._launcher_kill: Evidence | None = None  # the first SIGKILL of a rank its launcher reported
 
     @property
     def verdict(self) -> Evidence | None:
@@ -130,7 +133,18 @@ class Held:
         # failure is the first cause, the collective's only the others' wait for it, whatever its order.
         earlier = [slot.ev for kind, slot in self._held.items()
                    if kind in ("ending", "framed") and slot.ev.lineno < found.lineno and not slot.ev.consequence]
-        return min(earlier, key=lambda ev: ev.lineno) if earlier else found
+        if earlier:
+            return min(earlier, key=lambda ev: ev.lineno)
+        # A rank killed outright (the kernel's OOM killer) prints nothing of its own: its launcher's report
+        # of the kill, printed after the others' failed collectives, names the cause. (A watchdog's own abort
+        # is a SIGABRT: a timeout that was the cause stays one.)
+        return self._launcher_kill or found
+
+    def note_launcher_kill(self, ev: Evidence) -> None:
+        """A launcher reported that one of its processes was killed by SIGKILL (``ev``: that report): it
+        stands over the collectives that failed for the lost peer (see ``verdict``)."""
+        if self._launcher_kill is None:
+            self._launcher_kill = ev
 
     def _verdict(self) -> Evidence | None:
         held = self._held

@@ -92,6 +92,17 @@ def _rank_of(proc: psutil.Process) -> int | None:
     return None
 
 
+def _exec_done(proc: psutil.Process) -> bool:
+    """Whether ``proc`` runs a program of its own (its command line is not its parent's): its environment
+    is then the one it was started with for good. Between a launcher's fork and the exec of a rank, the
+    child still shows the launcher's (seen under load: a rank read then would be no rank for good)."""
+    try:
+        parent = proc.parent()
+        return parent is None or proc.cmdline() != parent.cmdline()
+    except (psutil.Error, OSError):
+        return False
+
+
 def find_ranks(root: int, launcher: bool, seen: dict[tuple[int, float], int | None] | None = None) -> list[Rank]:
     """The rank processes under ``root`` (trainsup's child), by rank; [] when ``root`` is itself the
     only trainer. ``seen``: each process's rank as read before (by pid and start time: a process's
@@ -113,9 +124,12 @@ def find_ranks(root: int, launcher: bool, seen: dict[tuple[int, float], int | No
         except psutil.Error:
             continue
         live.add(key)
-        if key not in seen:
-            seen[key] = _rank_of(proc)
-        ranks[proc.pid] = seen[key]
+        if key in seen:
+            ranks[proc.pid] = seen[key]
+            continue
+        ranks[proc.pid] = rank = _rank_of(proc)
+        if rank is not None or _exec_done(proc):
+            seen[key] = rank  # (a child forked but not yet exec'd holds its launcher's environment, no rank)
     if seen is not None and len(seen) > 2 * len(live) + 64:
         for key in [k for k in seen if k not in live]:
             del seen[key]  # processes gone (data-loader workers come and go each epoch)
@@ -193,8 +207,13 @@ class RankWatch:
             for rank in find_ranks(self.root, self.launcher, self._seen):
                 if rank.pid == self.root:
                     changed, self.root_rank = changed or self.root_rank is None, rank
-                elif rank.pid not in self.known and not any(e.rank.pid == rank.pid for e in self.ended):
-                    self.known[rank.pid] = rank
+                elif (rank.pid not in self.known or self.known[rank.pid].rank != rank.rank) \
+                        and not any(e.rank.pid == rank.pid for e in self.ended):
+                    self.known[rank.pid] = rank  # new, or its number read now (found as a lone trainer first)
+                    changed = True
+            if any(r.rank is not None for r in self.known.values()):
+                for pid in [pid for pid, r in self.known.items() if r.rank is None]:
+                    del self.known[pid]  # the guess of a one-process launch: numbered ranks showed up since
                     changed = True
         ends = []
         for pid, rank in list(self.known.items()):
