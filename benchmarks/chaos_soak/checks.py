@@ -63,8 +63,9 @@ def _check_journal(run: ChaosRun, events: list[dict[str, Any]], bad: list[str]) 
         mine = [e for e in ends if sup.started <= e.get("ts", 0) <= (sup.ended or time.time()) + 1]
         want = None if not mine else 0 if mine[-1]["event"] == "finished" else mine[-1].get("exit_code")
         if sup.rc != want:
+            said = sup.err.read_text(errors="replace").strip().splitlines()[-1:] if sup.err.exists() else []
             run.violate(5, kind_at(run, sup.ended), f"trainsup #{sup.n} exited {sup.rc}; its journaled "
-                                                     f"end says {want}")
+                                                     f"end says {want}; its last line: {said[0] if said else None!r}")
 
 
 def check_tracebacks(run: ChaosRun, invariant: int = 6) -> None:

@@ -217,3 +217,19 @@ def test_stop_and_status_on_a_host_that_does_not_own_the_run(tmp_path: Path, bys
     lock.release()
     time.sleep(0.2)
     assert bystander.poll() is None
+
+
+def test_the_lock_names_its_new_holder_over_a_longer_record_of_a_dead_one(tmp_path: Path) -> None:
+    """The record is written over the last holder's (no truncation first: on a disk kept full, the space it
+    freed would be taken before the new record is written), and none of the old one is left after it."""
+    (tmp_path / "lock").write_text(json.dumps({"pid": 1, "started": 1.0, "host": "x" * 300}) + "\n")
+    lock = RunLock(tmp_path)
+    lock.acquire()
+    try:
+        record = json.loads((tmp_path / "lock").read_text())  # one record, parsed whole
+        assert record["pid"] == os.getpid() and "x" * 300 not in record["host"]
+        held = holder(tmp_path)
+        assert held is not None and held.pid == os.getpid()
+    finally:
+        lock.release()
+    assert holder(tmp_path) is None

@@ -10,6 +10,7 @@ another host means nothing here.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -48,12 +49,26 @@ class RunLock:
         except BlockingIOError:
             fh.close()
             raise LockHeld(str(self.path)) from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(json.dumps({"pid": os.getpid(), "started": round(time.time(), 3), **local_identity().fields()})
-                 + "\n")
-        fh.flush()
         self._fh = fh
+        self._write_holder()
+
+    def _write_holder(self) -> None:
+        """Write who holds the lock over the last holder's record, in the space that record has (a takeover
+        on a disk kept full: truncating first frees it, and another writer may take it before ours is
+        written; seen in the chaos soak under load, the new supervisor then exited 2). Where even that
+        fails (a new file, a copy-on-write filesystem): no record rather than a dead supervisor's pid."""
+        data = (json.dumps({"pid": os.getpid(), "started": round(time.time(), 3), **local_identity().fields()})
+                + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY)  # not the lock's own O_APPEND: written from the start
+        try:
+            if os.pwrite(fd, data, 0) != len(data):
+                raise OSError("short write")
+            os.ftruncate(fd, len(data))
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)  # held, its holder unnamed (``holder``: pid 0), as while it starts
+        finally:
+            os.close(fd)
 
     def hand_over(self) -> dict[str, str]:
         """Keep the lock held across an ``exec`` of a new supervisor: the environment that tells it
