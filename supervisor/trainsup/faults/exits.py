@@ -36,14 +36,18 @@ def classify_exit(info: ExitInfo, verdict: Evidence | None) -> str | None:
     the host OOM killer, over any line printed before it; then other evidence; any other
     failure is ``unknown``.  Exit 0 is clean only with the success
     marker: a trainer may exit 0 having trained nothing (its adapter's success line says it finished).
-    A collective's failure (``Evidence.consequence``: the other ranks' lost peer) gives way to a kill: the
-    killed rank is the cause (seen on TRL's two gloo ranks: rank 0's traceback for the peer that a kill -9
-    took was printed before the rank watch stopped the group).
+    A collective's failure (``Evidence.consequence``: the other ranks' lost peer) gives way to the kill of a
+    rank (the child behind the launcher): the killed rank is the cause (seen on TRL's two gloo ranks: rank
+    0's traceback for the peer that a kill -9 took was printed before the rank watch stopped the group).
+    Not to the launcher's own SIGKILL: Lightning's launching process kills its whole group itself once a
+    rank failed (seen on LitGPT's two ranks: rank 1's collective timed out, exit 1, then the SIGKILL).
     """
     if exited_cleanly(info):
         return verdict.fault if verdict is not None and verdict.live else None
-    killed = info.signal == 9 or info.exit_code in (137, -9) or info.child_signal == 9 or info.child_status in (137, -9)
-    if verdict is not None and (verdict.live or not killed or (verdict.anchored and not verdict.consequence)):
+    rank_killed = info.child_signal == 9 or info.child_status in (137, -9)
+    killed = info.signal == 9 or info.exit_code in (137, -9) or rank_killed
+    if verdict is not None and (verdict.live or not killed
+                                or (verdict.anchored and not (verdict.consequence and rank_killed))):
         return verdict.fault
     if killed:
         return "host_oom_killed"  # the kill ended the run, whatever was printed before it
