@@ -127,8 +127,9 @@ def find_ranks(root: int, launcher: bool, seen: dict[tuple[int, float], int | No
         if key in seen:
             ranks[proc.pid] = seen[key]
             continue
+        final = _exec_done(proc)  # asked first: an environment read after it is the one the program started with
         ranks[proc.pid] = rank = _rank_of(proc)
-        if rank is not None or _exec_done(proc):
+        if rank is not None or final:
             seen[key] = rank  # (a child forked but not yet exec'd holds its launcher's environment, no rank)
     if seen is not None and len(seen) > 2 * len(live) + 64:
         for key in [k for k in seen if k not in live]:
