@@ -34,7 +34,10 @@ def test_a_seeded_chaos_soak_keeps_every_invariant() -> None:
     done = subprocess.run([sys.executable, "benchmarks/chaos.py", "--runs", str(RUNS), "--seed", str(SEED), "--json"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
     report = done.stdout.strip().splitlines()
-    summary = json.loads(report[-1])  # the last line is the one JSON object
+    # the last line is the one JSON object; without it the soak itself stopped: what it said
+    assert report and report[-1].startswith("{"), \
+        f"exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    summary = json.loads(report[-1])
     assert summary["violations"] == 0, "\n".join(report[:-1]) + done.stderr[-3000:]
     assert done.returncode == 0, done.stderr[-3000:]
     assert summary["runs"] == RUNS and len(summary["run_seeds"]) == RUNS
