@@ -8,6 +8,9 @@ an uninterrupted one), prints ``[step S/N] loss=L`` per step, saves ``DIR/ckpt-S
 state), resumes from ``--from``, writes ``DIR/final.json`` and prints ``all done``.
 ``OWN_SHAPE_DIE_IN_SAVE=S`` dies (exit 1) half-way through the save of step S, once: it leaves
 ``DIR/.died`` so that the next launch saves normally.
+``DIR/final.json`` is written as safetensors writes a file: a ``DIR/.tmpXXXXXX`` (random), then a
+rename. ``OWN_SHAPE_KILLED_IN_FINAL=1`` kills itself (SIGKILL) half-way through that write, once
+(``DIR/.died`` again): the temporary file stays behind, as a real trainer's would.
 ``OWN_SHAPE_OOM_AT=S`` runs out of (simulated) GPU memory at step S, printing torch's message and
 exiting 1, unless ``PYTORCH_CUDA_ALLOC_CONF`` has ``expandable_segments:True`` (the allocator
 setting trainsup's first ``cuda_oom`` rung sets): a fault a remedy fixes through the environment.
@@ -16,6 +19,9 @@ setting trainsup's first ``cuda_oom`` rung sets): a fault a remedy fixes through
 import argparse
 import json
 import os
+import random
+import signal
+import string
 import sys
 import time
 from pathlib import Path
@@ -59,5 +65,14 @@ while step < args.steps:
             sys.exit(1)
         time.sleep(0.2)
         (ckpt / "done.marker").write_text("")
-(out / "final.json").write_text(json.dumps({"step": step, "weight": weight}))
+final = json.dumps({"step": step, "weight": weight})
+tmp = out / (".tmp" + "".join(random.choices(string.ascii_letters + string.digits, k=6)))
+with open(tmp, "w") as f:
+    f.write(final[:len(final) // 2])
+    f.flush()
+    if os.environ.get("OWN_SHAPE_KILLED_IN_FINAL") == "1" and not (out / ".died").exists():
+        (out / ".died").write_text("")
+        os.kill(os.getpid(), signal.SIGKILL)
+    f.write(final[len(final) // 2:])
+os.replace(tmp, out / "final.json")
 print("all done", flush=True)

@@ -152,6 +152,30 @@ def test_a_declared_state_cut_mid_save_is_set_aside_and_never_resumed_from(tmp_p
     assert json.loads((out / "final.json").read_text())["weight"] == reference_weight(tmp_path)
 
 
+def test_a_weights_file_a_killed_attempt_left_half_written_is_moved_into_the_run_dir(tmp_path: Path) -> None:
+    """Killed inside its final write (a safetensors-like ``.tmpXXXXXX``, then a rename), the trainer
+    leaves the temporary file; the run still ends with the files of an uninterrupted one, the
+    half-written file kept in the run dir; a user's file of that name from before the run stays."""
+    out = tmp_path / "out"
+    out.mkdir()
+    users = out / ".tmpUser01"
+    users.write_text("the user's own")
+    os.utime(users, (1_600_000_000, 1_600_000_000))
+    code, events, err = run(["--project", str(project(tmp_path, out, {"OWN_SHAPE_KILLED_IN_FINAL": "1"}))],
+                            out / ".trainsup")
+    assert code == 0, err
+    assert len([e for e in events if e["event"] == "attempt_start"]) == 2
+    assert sorted(p.name for p in out.glob(".tmp*")) == [".tmpUser01"]
+    assert users.read_text() == "the user's own"
+    aside = [e for e in events if e["event"] == "state_set_aside"]
+    assert len(aside) == 1 and "write cut short" in aside[0]["why"], aside
+    left = Path(aside[0]["dir"])
+    assert left.parent == out and left.name.startswith(".tmp") and not left.exists()
+    kept = out / ".trainsup" / "set-aside" / "attempt-2" / left.name
+    assert Path(aside[0]["to"]) == kept and kept.read_text().startswith('{"step": 20')  # moved, never deleted
+    assert json.loads((out / "final.json").read_text())["weight"] == reference_weight(tmp_path)
+
+
 def test_a_bad_trainer_section_is_a_usage_error_naming_the_key(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(json.dumps({"command": own_argv(tmp_path / "out"),

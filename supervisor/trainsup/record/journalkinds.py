@@ -221,8 +221,8 @@ SECTIONS: Final = (
         _kind(STATE_ADOPTED, "a state of your own (your `--resume`, or one found before the first launch) "
                              "taken "
               "into the ledger", "dir", "step"),
-        _kind(STATE_SET_ASIDE, "a state past the resume point, or one cut mid-save, moved out of the "
-                               "trainer's way "
+        _kind(STATE_SET_ASIDE, "a state past the resume point, one cut mid-save, or a weights file's "
+                               "temporary write a killed attempt left, moved out of the trainer's way "
               "(`RUN_DIR/set-aside/`)", "dir", "step?", "to", "why?", "reason?", "attempt?"),
         _kind(RESUME_EXACT, "sd-scripts, the diffusers scripts: the resume point is the epoch end `epoch_end`",
               "newest: the newest complete state", "step: the newest's", "epoch_end",

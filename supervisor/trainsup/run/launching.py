@@ -12,6 +12,7 @@ from ..record.ledger import StateRecord
 from ..record.textfmt import shown_path
 from ..sensors.ranks import is_launcher
 from ..trainers.base import Plan
+from ..trainers.debris import set_aside_write_debris
 from .attempt import AttemptSpec
 from .context import RunContext, say
 from .decide import EXIT_STOPPED, Decision
@@ -33,6 +34,10 @@ def prepare_launch(ctx: RunContext, plan: Plan, policy: Policy, live: LiveContro
         fault = "disk_full" if exc.errno == errno.ENOSPC else "config_error"
         return Decision(kind="stop", exit_code=EXIT_STOPPED, reason=f"{fault}: cannot write this launch's "
                         f"files in {ctx.run_dir}: {exc.strerror or exc}")
+    if attempt > 1:
+        started = [a.started for a in ctx.ledger.attempts if a.started is not None]
+        if started:  # what this run's killed attempts left half-written beside their states
+            set_aside_write_debris(t.output_dirs(), min(started), ctx.run_dir, attempt, ctx.journal, say)
     ctx.points.begin(attempt, launched)  # the ledger knows the attempt before it runs
     argv = list(launched.argv)
     resume_step = resume.step if resume else 0

@@ -372,6 +372,12 @@ class TrainerRun(ABC):
         never trains over them. Default: none known."""
         return []
 
+    def output_dirs(self) -> list[Path]:
+        """The directories the trainer writes weights files straight into, beside its states: where a
+        half-done write of a killed attempt is looked for before the next one (``trainers.debris``).
+        Default: the output directory, when the command names one."""
+        return [self.output_dir] if self.output_dir is not None else []
+
     def samples_record(self) -> dict[str, Any] | None:
         """``run_start``'s ``samples``: where the page (``trainsup web``) finds the sample images."""
         found = self.samples()

@@ -133,6 +133,10 @@ class OneTrainerRun(TrainerRun):
     def default_run_dir(self, cwd: Path) -> Path:
         return self.workspace / ".trainsup"
 
+    def output_dirs(self) -> list[Path]:
+        # The final model is written as a .tmpXXXXXX beside its destination, then renamed (real bed).
+        return [self.workspace, self.model_out.parent]
+
     def bind(self, run_dir: Path, ledger: Ledger, journal: Journal, say: Say) -> None:
         self._say = say
         self.ot_states = OTStates(ledger, journal, say, self.workspace, self.model_out, self._epochs,
