@@ -363,6 +363,12 @@ def _ev(fault: str, strength: str = "root", anchored: bool = True, consequence: 
         # A rank killed -9: the other ranks' traceback for their lost peer is its consequence, not the cause.
         (ExitInfo(1, None, None, 9, False), _ev("nccl_error", consequence=True), "host_oom_killed"),
         (ExitInfo(1, None, 1, None, False), _ev("nccl_error", consequence=True), "nccl_error"),
+        # A rank's segfault: the others' timeout is its consequence; the crash is the cause (no rule names
+        # one: restarted as it was, not with a longer timeout). A watchdog's own SIGABRT is the timeout.
+        (ExitInfo(None, None, None, 11, False), _ev("nccl_timeout", consequence=True), "unknown"),
+        (ExitInfo(1, None, 139, None, False), _ev("nccl_timeout", consequence=True), "unknown"),
+        (ExitInfo(1, None, None, 6, False), _ev("nccl_timeout", consequence=True), "nccl_timeout"),
+        (ExitInfo(None, None, None, 11, False), _ev("cuda_oom"), "cuda_oom"),
         # The launcher's own SIGKILL after a rank's timeout (Lightning kills its group itself): the timeout.
         (ExitInfo(None, 9, None, None, False), _ev("nccl_timeout", consequence=True), "nccl_timeout"),
         # A finished run is clean whatever it printed on the way; a live fault still counts.

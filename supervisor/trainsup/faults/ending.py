@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from .rules import FaultRule
 from .verdict import Evidence, Held
 
-__all__ = ["EXCEPTION", "LAUNCHER_EXCEPTIONS", "SIGNAL_DEATH", "UNKNOWN_WHY", "LineReads", "ending", "wanted"]
+__all__ = ["EXCEPTION", "LAUNCHER_EXCEPTIONS", "SIGNAL_DEATH", "UNKNOWN_WHY", "LineReads", "crash", "ending", "wanted"]
 
 UNKNOWN_WHY = "The run failed, and no rule matched its output."
 EXCEPTION = re.compile(
@@ -64,6 +64,18 @@ def wanted(text: str) -> bool:
 def ending(raw: str, lineno: int, since: int) -> Evidence:
     """The ``unknown`` evidence of an exception line or a signal death no rule names."""
     return Evidence("unknown", raw, lineno, "weak", kind="ending", since=since, explanation=UNKNOWN_WHY)
+
+
+def crash(raw: str, lineno: int, signal: int) -> Evidence:
+    """The ``unknown`` evidence of a launcher's report that a process crashed (``exits.CRASH_SIGNALS``)."""
+    name = _SIGNAL_NAMES.get(signal, f"signal {signal}")
+    return Evidence("unknown", raw, lineno, "weak", kind="ending", since=lineno,
+                    explanation=f"A process of the run crashed ({name}, signal {signal}) in native code: a CUDA "
+                    "kernel, the driver or a compiled extension. It printed no Python traceback; the other "
+                    "ranks' failed collectives came after it and are not the cause.")
+
+
+_SIGNAL_NAMES = {4: "SIGILL", 7: "SIGBUS", 8: "SIGFPE", 11: "SIGSEGV"}
 
 
 class LineReads:

@@ -13,6 +13,10 @@ if TYPE_CHECKING:
 STATUS_LINE = re.compile(r"returned non-zero exit status (-?\d+)")
 SIGNAL_LINE = re.compile(r"died with <Signals\.SIG\w+: (\d+)>")
 TORCHRUN_LINE = re.compile(r"^exitcode  +: (-?\d+)|\(exitcode: (-?\d+)\)")
+# A process's own crash in native code (SIGILL, SIGBUS, SIGFPE, SIGSEGV): no Python traceback, and the
+# other ranks' collectives fail after it. Not SIGABRT (NCCL's watchdog aborts its own rank on a timeout)
+# nor SIGTERM or SIGINT (the launcher's teardown).
+CRASH_SIGNALS = frozenset({4, 7, 8, 11})
 
 
 @dataclass(frozen=True)
@@ -41,17 +45,27 @@ def classify_exit(info: ExitInfo, verdict: Evidence | None) -> str | None:
     0's traceback for the peer that a kill -9 took was printed before the rank watch stopped the group).
     Not to the launcher's own SIGKILL: Lightning's launching process kills its whole group itself once a
     rank failed (seen on LitGPT's two ranks: rank 1's collective timed out, exit 1, then the SIGKILL).
+    A rank's crash (``CRASH_SIGNALS``: a segfault in native code) is a cause too: ``unknown``, restarted
+    as it was, never the collective's remedy (a longer timeout would only wait longer for a dead rank).
     """
     if exited_cleanly(info):
         return verdict.fault if verdict is not None and verdict.live else None
     rank_killed = info.child_signal == 9 or info.child_status in (137, -9)
     killed = info.signal == 9 or info.exit_code in (137, -9) or rank_killed
+    if verdict is not None and verdict.consequence and not verdict.live and not killed and rank_crashed(info):
+        return "unknown"  # the rank's crash (no rule names one) is the cause, the collective its consequence
     if verdict is not None and (verdict.live or not killed
                                 or (verdict.anchored and not (verdict.consequence and rank_killed))):
         return verdict.fault
     if killed:
         return "host_oom_killed"  # the kill ended the run, whatever was printed before it
     return "unknown"  # any other failure, or exit 0 without the success marker
+
+
+def rank_crashed(info: ExitInfo) -> bool:
+    """Whether the real child behind a launcher (a rank) died of a crash signal (``CRASH_SIGNALS``)."""
+    return info.child_signal in CRASH_SIGNALS or (info.child_status is not None and (
+        -info.child_status in CRASH_SIGNALS or info.child_status - 128 in CRASH_SIGNALS))
 
 
 def exited_cleanly(info: ExitInfo) -> bool:

@@ -34,8 +34,8 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
-from .ending import EXCEPTION, LAUNCHER_EXCEPTIONS, SIGNAL_DEATH, LineReads, ending, wanted
-from .exits import SIGNAL_LINE, STATUS_LINE, TORCHRUN_LINE, ExitInfo, classify_exit, parse_child_status
+from .ending import EXCEPTION, LAUNCHER_EXCEPTIONS, SIGNAL_DEATH, LineReads, crash, ending, wanted
+from .exits import CRASH_SIGNALS, SIGNAL_LINE, STATUS_LINE, TORCHRUN_LINE, ExitInfo, classify_exit, parse_child_status
 from .frames import FrameJudge, cut_rules, judge
 from .frames import framed as _framed
 from .keys import KeyIndex
@@ -277,6 +277,7 @@ class FaultScanner:
         """Slow path for a line holding a key: traceback structure, status, then rules."""
         candidates = self._index.candidates(text)
         structural = ended = killed = False
+        crashed: int | None = None
         for k in candidates:
             owner = self._owner[k]
             if owner == _TB and TRACEBACK.search(text):
@@ -291,6 +292,7 @@ class FaultScanner:
             elif owner == _ST and (status := parse_child_status(text)) is not None:
                 self._child = status
                 killed = status[1] == 9
+                crashed = status[1] if status[1] in CRASH_SIGNALS else None
             elif owner == _END and not ended:
                 ended = self._patterns[k].search(text) is not None
         # A frame rule's hint counts in the code the innermost frame quotes too (``te_outputs[prompt]``).
@@ -304,6 +306,8 @@ class FaultScanner:
         # fate, a SIGKILL) is evidence there.
         launcher = self._tb.launcher_reports(raw, lineno)
         found = self._match(text, raw, lineno, candidates, weak_only=launcher)
+        if crashed is not None:  # a rank's segfault: a cause, as a kill is (see ``Held.verdict``)
+            self._held.note_launcher_kill(self._with_table_rank(crash(raw, lineno, crashed)))
         if found is None:
             if ended and hinted is None and not launcher:
                 return self._ending(text, raw, lineno), structural

@@ -135,14 +135,14 @@ class Held:
                    if kind in ("ending", "framed") and slot.ev.lineno < found.lineno and not slot.ev.consequence]
         if earlier:
             return min(earlier, key=lambda ev: ev.lineno)
-        # A rank killed outright (the kernel's OOM killer) prints nothing of its own: its launcher's report
-        # of the kill, printed after the others' failed collectives, names the cause. (A watchdog's own abort
-        # is a SIGABRT: a timeout that was the cause stays one.)
+        # A rank killed outright (the kernel's OOM killer) or crashed in native code (a segfault) prints
+        # nothing of its own: its launcher's report, printed after the others' failed collectives, names the
+        # cause. (A watchdog's own abort is a SIGABRT: a timeout that was the cause stays one.)
         return self._launcher_kill or found
 
     def note_launcher_kill(self, ev: Evidence) -> None:
-        """A launcher reported that one of its processes was killed by SIGKILL (``ev``: that report): it
-        stands over the collectives that failed for the lost peer (see ``verdict``)."""
+        """A launcher reported that one of its processes was killed by SIGKILL or crashed (``ev``: that
+        report): it stands over the collectives that failed for the lost peer (see ``verdict``)."""
         if self._launcher_kill is None:
             self._launcher_kill = ev
 
