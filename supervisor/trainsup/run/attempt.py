@@ -19,6 +19,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from ..faults.scanner import Evidence, ExitInfo, FaultScanner, classify_exit
@@ -52,6 +53,14 @@ RANK_GRACE_S = 1.0  # after a rank died: the launcher's time to say how, before 
 RANKS_EXIT_GRACE_S = 30.0
 
 
+class PlannedStop(StrEnum):
+    """Why trainsup stopped a trainer on purpose (no fault); the value is ``attempt_end``'s ``planned_stop``."""
+
+    RUN_COMPLETE = "run_complete"  # the last step's state is complete: the run is done
+    RELAUNCH = "relaunch"  # at a checkpoint, to apply an edit
+    STUCK_AT_EXIT = "stuck_at_exit"  # the run had finished; ranks stuck in their teardown were stopped
+
+
 @dataclass(kw_only=True)
 class AttemptResult:
     exit_code: int | None
@@ -62,10 +71,16 @@ class AttemptResult:
     uptime_s: float
     stop_signal: int | None  # trainsup was asked to stop
     nan_progress_step: int | None  # attempt-relative bar step where the loss first showed NaN
-    stopped_for_change: bool = False  # stopped on purpose (at a checkpoint) to apply an edit
-    completed: bool = False  # stopped on purpose: the last step's state is complete, the run is done
-    stuck_at_exit: bool = False  # the run had finished; ranks stuck in their teardown were stopped
+    planned_stop: PlannedStop | None = None  # trainsup stopped it on purpose, and why (``PlannedStop``)
     rank_end: RankEnd | None = None  # the rank whose end stopped the launcher's whole group
+
+    @property
+    def stopped_for_change(self) -> bool:
+        return self.planned_stop == PlannedStop.RELAUNCH
+
+    @property
+    def completed(self) -> bool:
+        return self.planned_stop == PlannedStop.RUN_COMPLETE
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,9 +124,8 @@ class Attempt:
         self.stop_signal: int | None = None
         self.nan_step: int | None = None
         self.killed = False
-        self.stopped_for_change = False
-        self.completed = False
-        self.stuck_at_exit = False
+        self.planned_stop: PlannedStop | None = None
+        self.bar_at_total = False  # the steps bar reached its total (the trainer is saving or finishing)
         self.hang_clock: HangClock | None = None  # from the start
         self.rank_watch: RankWatch | None = None
         self.rank_end: RankEnd | None = None  # the first rank that ended badly (or unknown) under the launcher
@@ -162,6 +176,8 @@ class Attempt:
             case ProgressSeen(progress=p):
                 if self.nan_step is None and p.loss is not None and math.isnan(p.loss):
                     self.nan_step = p.step
+                if p.total and p.step >= p.total:
+                    self.bar_at_total = True
                 if self.hang_clock is not None:
                     self.hang_clock.on_step(p.step, self.clock(), f"steps {p.step}/{p.total}", p.total)
             case PhaseEntered(phase=phase, line=line):
@@ -169,11 +185,11 @@ class Attempt:
                     self.hang_clock.enter(phase, self.clock(), line)
             case StopForChange():
                 if not self.killed and self.exited_at is None:
-                    self.stopped_for_change = True
+                    self.planned_stop = PlannedStop.RELAUNCH
                     self._stop(self.launch.planned_signal)
             case RunComplete():
                 if not self.killed and self.exited_at is None:
-                    self.completed = True
+                    self.planned_stop = PlannedStop.RUN_COMPLETE
                     self._stop(self.launch.planned_signal)
 
     def stop_live(self, fault: str) -> None:
@@ -244,14 +260,13 @@ class Attempt:
         which a rank's end that could not be read counts; or the steps bar at its total, after which only a
         rank seen to exit 0 does (one that crashed in the final save reads the same as one that finished)."""
         assert self.rank_watch is not None
-        at_total = self.hang_clock is not None and self.hang_clock.phase == "finishing"
-        ended = [t for t in (self.rank_exited_0_at if self.obs.success_seen or at_total else None,
+        ended = [t for t in (self.rank_exited_0_at if self.obs.success_seen or self.bar_at_total else None,
                              self.rank_ended_unread_at if self.obs.success_seen else None) if t is not None]
-        if self.completed or self.stuck_at_exit or not ended or not self.rank_watch.known \
+        if self.planned_stop is not None or not ended or not self.rank_watch.known \
                 or now - min(ended) < RANKS_EXIT_GRACE_S:
             return
         self.events.put(RanksStuckAtExit(tuple(sorted(self.rank_watch.known)), round(now - min(ended), 1)))
-        self.stuck_at_exit = True
+        self.planned_stop = PlannedStop.STUCK_AT_EXIT
         self._stop(signal.SIGTERM)
 
     @property
@@ -290,7 +305,8 @@ class Attempt:
         assert self.child is not None
         exit_code, sig = process.exit_signal(self.child.popen.returncode)
         obs, scanner = self.parser.obs, self.scanner
-        success = self.completed or self.stuck_at_exit or obs.success_seen or (exit_code == 0 and success_fallback())
+        finished = self.planned_stop in (PlannedStop.RUN_COMPLETE, PlannedStop.STUCK_AT_EXIT)
+        success = finished or obs.success_seen or (exit_code == 0 and success_fallback())
         obs.child_status, obs.child_signal = scanner.child_status or (None, None)
         rank_end = self.rank_end if self.stopped_for_rank else None
         if rank_end is not None:
@@ -299,7 +315,7 @@ class Attempt:
             if scanner.child_status is None:
                 obs.child_status, obs.child_signal = rank_end.exit_code, rank_end.signal
         info = ExitInfo(exit_code, sig, obs.child_status, obs.child_signal, success)
-        if self.stop_signal is not None or self.stopped_for_change or self.completed or self.stuck_at_exit:
+        if self.stop_signal is not None or self.planned_stop is not None:
             fault = None
         elif self.stopped_live is not None:
             fault = self.stopped_live
@@ -311,8 +327,7 @@ class Attempt:
             evidence = scanner.last_lines_evidence()
         return AttemptResult(exit_code=exit_code, signal=sig, obs=obs, fault=fault, evidence=evidence,
                              uptime_s=(self.exited_at or self.clock()) - self.started, stop_signal=self.stop_signal,
-                             nan_progress_step=self.nan_step, stopped_for_change=self.stopped_for_change,
-                             completed=self.completed, stuck_at_exit=self.stuck_at_exit, rank_end=rank_end)
+                             nan_progress_step=self.nan_step, planned_stop=self.planned_stop, rank_end=rank_end)
 
 
 def run_attempt(launch: AttemptSpec, scanner: FaultScanner, events: EventQueue, *,

@@ -180,8 +180,7 @@ class Reactions:
                           uptime_s=round(r.uptime_s, 3), steps_trained=trained,
                           step=self.resume_step + trained, skipped_lines=r.obs.skipped_lines, gpu=peaks,
                           # trainsup stopped it on purpose: its signal is no fault
-                          planned_stop="run_complete" if r.completed else "relaunch" if r.stopped_for_change
-                          else "stuck_at_exit" if r.stuck_at_exit else None,
+                          planned_stop=r.planned_stop.value if r.planned_stop is not None else None,
                           **({"rank_ended": r.rank_end.rank.rank if r.rank_end.rank.rank is not None else "trainer"}
                              if r.rank_end is not None else {}),
                           **({"nccl_dumps": dumps} if (dumps := self.nccl_dumps()) else {}))
