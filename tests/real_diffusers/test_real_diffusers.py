@@ -10,6 +10,9 @@ SD pipeline, on the CPU; 8 steps an epoch, 20 steps, a checkpoint every 5 or 4).
   a word) is set aside under the run dir, and the resume names the newest complete one;
 - ``--checkpoints_total_limit 1`` (the script deletes before it saves) killed inside the last save: the
   limit trainsup raised to 2 left ``checkpoint-15``, resumed from, within the measured residual;
+- killed inside the write of its final LoRA (safetensors' temporary ``.tmpXXXXXX`` left in the output
+  dir): resumed from ``checkpoint-15``, the run ends with the uninterrupted run's names, the temporary
+  file moved into the run dir;
 - a finished run started again trains nothing and leaves its final weights untouched.
 
 The user's command is passed unchanged but for what trainsup says it changed; every assertion is about
@@ -18,6 +21,7 @@ what the real trainer printed and wrote. One trainer at a time.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -202,6 +206,33 @@ def test_a_kill_inside_the_save_under_checkpoints_total_limit_1_still_resumes(
     assert visible(out) == ["checkpoint-15", "checkpoint-20", FINAL]
     worst = diffusers_bed.max_abs_diff(out / FINAL, reference / FINAL)
     print(f"diffusers resumed mid-epoch from checkpoint-15: max |dw| {worst:.3g}")
+    assert worst <= RESIDUAL
+
+
+def test_killed_inside_the_write_of_its_final_weights_ends_with_the_uninterrupted_runs_files(
+        diffusers_bed: DiffusersBed, reference: Path, tmp_path: Path) -> None:
+    """safetensors writes the final LoRA as ``out/.tmpXXXXXX``, then renames it; a kill inside that write
+    (``final_write_kill/sitecustomize.py``) leaves the temporary file in the output dir. The resumed run
+    must end with the uninterrupted run's names, the half-written file kept in the run dir."""
+    out = tmp_path / "out"
+    shim = Path(__file__).parent / "final_write_kill"
+    env = diffusers_bed.env(PYTHONPATH=os.pathsep.join(filter(None, [str(shim), os.environ.get("PYTHONPATH")])),
+                            TRAINSUP_TEST_KILL_FINAL_OUT=str(out),
+                            TRAINSUP_TEST_KILL_FINAL_MARK=str(tmp_path / "killed"))
+    done = supervise(diffusers_bed.command(out), out, tmp_path, env=env, policy=POLICY, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "killed").exists(), "the final write was never killed"
+    assert [f["class"] for f in done.of("fault")] == ["host_oom_killed"]
+    second = done.of("attempt_start")[1]["argv"]
+    assert second[second.index("--resume_from_checkpoint") + 1] == "checkpoint-15"  # never the state at the end
+    # checkpoint-20 is set aside too: the resumed attempt writes that name again
+    assert sorted(Path(e["dir"]).name[:4] for e in done.of("state_set_aside")) == [".tmp", "chec"]
+    aside = [e for e in done.of("state_set_aside") if Path(e["dir"]).name.startswith(".tmp")]
+    assert Path(aside[0]["dir"]).parent == out and "write cut short" in aside[0]["why"]
+    assert Path(aside[0]["to"]).is_file() and Path(aside[0]["to"]).parent == done.run_dir / "set-aside" / "attempt-2"
+    assert visible(out) == visible(reference)
+    worst = diffusers_bed.max_abs_diff(out / FINAL, reference / FINAL)
+    print(f"diffusers killed inside its final write, resumed from checkpoint-15: max |dw| {worst:.3g}")
     assert worst <= RESIDUAL
 
 
