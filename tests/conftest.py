@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import json
 import os
@@ -107,6 +108,40 @@ def script_process(root_pid: int, script: str) -> psutil.Process | None:
         if len(argv) > 1 and Path(argv[1]).name == script:
             return p
     return None
+
+
+def bare_ranks_run(argv: list[str], cwd: Path | None, env: dict[str, str], finished: Callable[[], bool],
+                   timeout: float = 600, stuck_grace_s: float = 60) -> tuple[int, str]:
+    """A bare run of a real multi-rank trainer (an uninterrupted reference), to its end: its exit code and stderr.
+
+    With gloo a rank may stay in its interpreter's exit for good once the run is done (seen on TRL's two ranks
+    under torchrun, a bare run: rank 1 in ``~ProcessGroupGloo`` joining a thread that never ends, py-spy
+    ``--native``), and its launcher waits for it forever. Once ``finished()`` holds (the run's last outputs are
+    written) and the launcher is still there ``stuck_grace_s`` later, its processes are killed and the run counts
+    as done (0, said on stdout): what the test compares are those outputs. trainsup stops such a rank itself
+    (``RANKS_EXIT_GRACE_S``); a bare reference has nobody to."""
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        deadline, done_at, code = time.monotonic() + timeout, None, None
+        try:
+            while (code := proc.poll()) is None and time.monotonic() < deadline:
+                if done_at is None and finished():
+                    done_at = time.monotonic()
+                if done_at is not None and time.monotonic() - done_at > stuck_grace_s:
+                    print(f"the reference's outputs were complete {stuck_grace_s:g} s ago and a rank had not exited: "
+                          "its processes are stopped, the run counts as done")
+                    code = 0
+                    break
+                time.sleep(0.25)
+        finally:
+            if proc.poll() is None:
+                tree = [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]
+                for p in tree:
+                    with contextlib.suppress(psutil.Error):
+                        p.kill()
+                psutil.wait_procs(tree, timeout=30)
+        err.seek(0)
+        return (code if code is not None else -1), err.read().decode(errors="replace")
 
 
 def trainsup_cmd(*args: str) -> list[str]:

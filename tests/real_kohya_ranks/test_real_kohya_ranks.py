@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import safetensors_max_abs_diff, trainsup_cmd
+from tests.conftest import bare_ranks_run, safetensors_max_abs_diff, trainsup_cmd
 from tests.e2e.demo_harness import SupervisedRun, supervise, visible_names
 from tests.real.bed import Bed
 from tests.real_ranks.test_real_hf_ranks import AtStep
@@ -67,9 +67,10 @@ def env(bed: Bed, **extra: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def reference(kohya_bed: Bed, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("kohya-ranks-reference") / "out"
-    done = subprocess.run(command(kohya_bed, out), cwd=kohya_bed.sd_scripts, env=env(kohya_bed),
-                          capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
+    # the end's state and final weights are written last
+    code, stderr = bare_ranks_run(command(kohya_bed, out), kohya_bed.sd_scripts, env(kohya_bed),
+                                  lambda: (out / "tiny.safetensors").is_file() and (out / "tiny-state").is_dir())
+    assert code == 0, stderr[-3000:]
     return out
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.conftest import bare_ranks_run
 from tests.e2e.demo_harness import SupervisedRun, supervise, visible_names
 from tests.real_hf.bed import HfBed, processes_of
 
@@ -51,11 +52,10 @@ def env(bed: HfBed) -> dict[str, str]:
 def reference(hf_bed: HfBed, tmp_path_factory: pytest.TempPathFactory) -> Path:
     cwd = tmp_path_factory.mktemp("ranks-reference")
     out = cwd / "out"
-    import subprocess
-
-    done = subprocess.run(command(hf_bed, out), cwd=cwd, env=env(hf_bed), capture_output=True, text=True,
-                          timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
+    # the final model's folder is written last, ending with training_args.bin
+    code, stderr = bare_ranks_run(command(hf_bed, out), cwd, env(hf_bed),
+                                  lambda: (out / "training_args.bin").is_file())
+    assert code == 0, stderr[-3000:]
     return out
 
 

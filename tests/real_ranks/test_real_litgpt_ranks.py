@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import bare_ranks_run
 from tests.e2e.demo_harness import SupervisedRun, supervise, visible_names
 from tests.real_litgpt.bed import LitBed, build_bed
 from tests.real_ranks.test_real_hf_ranks import AtStep
@@ -66,9 +66,10 @@ def env(bed: LitBed) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def reference(litgpt_bed: LitBed, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("litgpt-ranks-reference") / "out"
-    done = subprocess.run(command(litgpt_bed, out), env=env(litgpt_bed), capture_output=True, text=True,
-                          timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
+    # rank 0 merges the LoRA into final/lit_model.pth last
+    code, stderr = bare_ranks_run(command(litgpt_bed, out), None, env(litgpt_bed),
+                                  lambda: (out / "final" / "lit_model.pth").is_file())
+    assert code == 0, stderr[-3000:]
     return out
 
 
