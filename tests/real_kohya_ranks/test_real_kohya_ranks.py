@@ -24,6 +24,7 @@ its error, not the other rank's consequent one. Peak memory: about 7 GB a rank w
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -115,8 +116,10 @@ def test_rank_1_stopped_is_a_hang_naming_it_the_straggler_then_the_run_ends_as_a
     policy = "backoff:\n  initial_s: 0.5\n  max_s: 1\nstop:\n  grace_s: 3\nhang:\n  min_timeout_s: 10\n"
     run = supervised(kohya_bed, out, tmp_path, policy, stop)
     report = stop.assert_hang_names_rank_1(run, "sd-scripts", 3)  # accelerate and both ranks, at least
-    # rank 0 waits for it in DDP's own sync before the next forward
-    assert "ranks: rank 0 in DistributedDataParallel._pre_forward, rank 1 stopped: rank 1 is the straggler" in report
+    # rank 0 waits for it in DDP's own sync before the next forward (its innermost frame there depends on
+    # when rank 1 stopped: _pre_forward itself, or the buffers' broadcast inside it; seen both)
+    assert re.search(r"ranks: rank 0 in DistributedDataParallel\.\w+, rank 1 stopped: rank 1 is the straggler",
+                     report), report[:600]
     assert_as_uninterrupted(out, reference)
 
 

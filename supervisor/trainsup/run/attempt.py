@@ -125,7 +125,6 @@ class Attempt:
         self.nan_step: int | None = None
         self.killed = False
         self.planned_stop: PlannedStop | None = None
-        self.bar_at_total = False  # the steps bar reached its total (the trainer is saving or finishing)
         self.hang_clock: HangClock | None = None  # from the start
         self.rank_watch: RankWatch | None = None
         self.rank_end: RankEnd | None = None  # the first rank that ended badly (or unknown) under the launcher
@@ -176,8 +175,6 @@ class Attempt:
             case ProgressSeen(progress=p):
                 if self.nan_step is None and p.loss is not None and math.isnan(p.loss):
                     self.nan_step = p.step
-                if p.total and p.step >= p.total:
-                    self.bar_at_total = True
                 if self.hang_clock is not None:
                     self.hang_clock.on_step(p.step, self.clock(), f"steps {p.step}/{p.total}", p.total)
             case PhaseEntered(phase=phase, line=line):
@@ -260,7 +257,10 @@ class Attempt:
         which a rank's end that could not be read counts; or the steps bar at its total, after which only a
         rank seen to exit 0 does (one that crashed in the final save reads the same as one that finished)."""
         assert self.rank_watch is not None
-        ended = [t for t in (self.rank_exited_0_at if self.obs.success_seen or self.bar_at_total else None,
+        # The hang clock's phase, not the bar alone: a save begun after the last step (rank 0 writing the
+        # final weights while rank 1 has exited 0) is no teardown, however long it takes.
+        at_total = self.hang_clock is not None and self.hang_clock.phase == "finishing"
+        ended = [t for t in (self.rank_exited_0_at if self.obs.success_seen or at_total else None,
                              self.rank_ended_unread_at if self.obs.success_seen else None) if t is not None]
         if self.planned_stop is not None or not ended or not self.rank_watch.known \
                 or now - min(ended) < RANKS_EXIT_GRACE_S:
