@@ -160,6 +160,11 @@ def test_a_rank_waits_in_a_collective_of_torch_distributed_or_of_ddp_itself() ->
     assert collective_of(dump("DistributedDataParallel._pre_forward (torch/nn/parallel/distributed.py:1775)",
                               "DistributedDataParallel.forward (torch/nn/parallel/distributed.py:1840)",
                               "train (train_textual_inversion.py:602)")) == "DistributedDataParallel._pre_forward"
+    # ... or in the gradients' all-reduce that DDP runs from the backward's hooks (seen: the same rank 0)
+    assert collective_of(dump("_engine_run_backward (torch/autograd/graph.py:979)",
+                              "backward (torch/autograd/__init__.py:353)",
+                              "train (train_textual_inversion.py:640)")) == \
+        "the backward's gradient all-reduce (_engine_run_backward)"
     assert collective_of(dump("forward (model.py:10)", "train (train.py:5)")) is None
 
 

@@ -86,9 +86,16 @@ def innermost_main_frame(dump: str) -> str | None:
 def collective_of(dump: str) -> str | None:
     """The ``torch.distributed`` call the main thread waits in (its innermost frame in
     ``distributed_c10d.py``, or one of DDP's own, whose collectives run in C++ under it: seen on sd-scripts'
-    two ranks, the rank left waiting for a stopped one in ``DistributedDataParallel._pre_forward``), else None."""
-    return next((func for func, where in _main_frames(dump)
-                 if where.startswith("distributed_c10d.py:") or func.startswith("DistributedDataParallel.")), None)
+    two ranks, the rank left waiting for a stopped one in ``DistributedDataParallel._pre_forward`` or in the
+    buffers' broadcast inside it), else None. A rank held in autograd's backward past the hang timeout waits
+    in the gradients' all-reduce, which DDP (FSDP, DeepSpeed: their reductions) runs from the backward's hooks in
+    C++: seen on the same ranks, rank 0 in ``_engine_run_backward`` while rank 1 was stopped."""
+    for func, where in _main_frames(dump):
+        if where.startswith("distributed_c10d.py:") or func.startswith("DistributedDataParallel."):
+            return func
+        if func == "_engine_run_backward" and where.startswith("graph.py:"):
+            return "the backward's gradient all-reduce (_engine_run_backward)"
+    return None
 
 
 @dataclass(frozen=True)
