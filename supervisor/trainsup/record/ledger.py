@@ -79,6 +79,10 @@ class Ledger:
         except OSError:
             pass  # the ledger lives in memory too; a full disk must not end supervision
 
+    def run_started(self) -> float | None:
+        """When this run's first attempt began (its ledger's earliest start), None before any."""
+        return min((a.started for a in self.attempts if a.started is not None), default=None)
+
     def attempt(self, n: int) -> AttemptRecord:
         for a in self.attempts:
             if a.attempt == n:

@@ -35,9 +35,9 @@ def prepare_launch(ctx: RunContext, plan: Plan, policy: Policy, live: LiveContro
         return Decision(kind="stop", exit_code=EXIT_STOPPED, reason=f"{fault}: cannot write this launch's "
                         f"files in {ctx.run_dir}: {exc.strerror or exc}")
     if attempt > 1:
-        started = [a.started for a in ctx.ledger.attempts if a.started is not None]
-        if started:  # what this run's killed attempts left half-written beside their states
-            set_aside_write_debris(t.output_dirs(), min(started), ctx.run_dir, attempt, ctx.journal, say)
+        since = ctx.ledger.run_started()
+        if since is not None:  # what this run's killed attempts left half-written beside their states
+            set_aside_write_debris(t.output_dirs(), since, ctx.run_dir, attempt, ctx.journal, say)
     ctx.points.begin(attempt, launched)  # the ledger knows the attempt before it runs
     argv = list(launched.argv)
     resume_step = resume.step if resume else 0

@@ -173,7 +173,7 @@ class HfRun(TrainerRun):
     def _final(self) -> str | None:
         """The final model the Trainer's ``save_model`` wrote at the top of the output dir during this
         run, for the run's end to name (exit 0 alone is success: not every script saves one)."""
-        started = min([a.started for a in self.step_states.ledger.attempts if a.started is not None] or [0.0])
+        started = self.step_states.ledger.run_started() or 0.0
         for name in WEIGHTS + SHARD_INDEXES:
             path = self.out / name
             if path.is_file() and newest_mtime(path) >= int(started):

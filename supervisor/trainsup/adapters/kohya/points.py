@@ -125,8 +125,7 @@ class ResumePoints(LedgerStates):
         last = self.ledger.attempts[-1]
         self.attempt, self.output_name, self.resume_step = last.attempt, last.output_name, last.resume_step
         self.attempt_started = last.started if last.started is not None else self.run_started
-        self.run_started = min([a.started for a in self.ledger.attempts if a.started is not None]
-                               + [self.run_started])
+        self.run_started = min(self.ledger.run_started() or self.run_started, self.run_started)
         self.publisher.run_started = self.run_started
         if self.samples is not None:
             self.samples.run_started = self.run_started

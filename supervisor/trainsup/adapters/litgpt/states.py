@@ -133,7 +133,7 @@ class LitStates(StepStates):
         names are true steps), so ``OUT`` lists what an uninterrupted run writes. A folder of this
         run left incomplete there (a trainer killed mid-save) is moved aside first; nothing else is
         ever replaced."""
-        started = min([a.started for a in self.ledger.attempts if a.started is not None] or [0.0])
+        started = self.ledger.run_started() or 0.0
         for src, _step in step_folders(self.current_out):
             dst = self.out / src.name
             if dst.exists():
